@@ -1,0 +1,34 @@
+# Two front doors: `make lab` and `make test`. Both set up .venv once.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+NB     ?= $(sort $(wildcard notebooks/[0-9]*.ipynb))
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --ignore=notebooks/exercises
+
+.PHONY: setup lab test notebooks lint clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
+
+# Re-execute notebooks in place (all of them, or NB=notebooks/03_x.ipynb).
+notebooks: setup
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
+
+lint: setup
+	$(BIN)/ruff check tx_helpers tests
+
+clean:
+	rm -rf $(VENV) .cache

@@ -1,0 +1,90 @@
+"""Small matplotlib helpers shared by the notebooks: heatmaps of masks and attention."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+
+def _to_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype == torch.bool:
+            x = x.to(torch.uint8)
+        x = x.float().numpy()
+    return np.asarray(x)
+
+
+def plot_heatmap(data, ax=None, *, title=None, xlabel=None, ylabel=None, xticklabels=None,
+                 yticklabels=None, cmap="viridis", vmin=None, vmax=None, colorbar=True,
+                 annotate=False, fmt="{:.2f}"):
+    """Draw a 2-D array as an image with labelled axes; returns the Axes."""
+    arr = _to_numpy(data)
+    if arr.ndim != 2:
+        raise ValueError(f"plot_heatmap needs a 2-D array, got shape {arr.shape}")
+    if ax is None:
+        _, ax = plt.subplots()
+    im = ax.imshow(arr, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+    if xticklabels is not None:
+        ax.set_xticks(range(len(xticklabels)), [str(t) for t in xticklabels])
+    if yticklabels is not None:
+        ax.set_yticks(range(len(yticklabels)), [str(t) for t in yticklabels])
+    if annotate:
+        mid = (np.nanmax(arr) + np.nanmin(arr)) / 2
+        for (i, j), val in np.ndenumerate(arr):
+            ax.text(j, i, fmt.format(val), ha="center", va="center", fontsize=7,
+                    color="black" if val > mid else "white")
+    if title:
+        ax.set_title(title)
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    return ax
+
+
+def plot_mask(mask, ax=None, *, q_labels=None, k_labels=None, title=None):
+    """Show a 2-D bool mask: dark = True = "do not attend", light = may attend."""
+    arr = _to_numpy(mask)
+    ax = plot_heatmap(arr, ax, title=title, xlabel="key position (attended to)",
+                      ylabel="query position (attending)", xticklabels=k_labels,
+                      yticklabels=q_labels, cmap="Greys", vmin=0, vmax=1.4, colorbar=False)
+    ax.set_xticks(np.arange(-0.5, arr.shape[1]), minor=True)
+    ax.set_yticks(np.arange(-0.5, arr.shape[0]), minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    return ax
+
+
+def plot_attention(weights, ax=None, *, q_labels=None, k_labels=None, title=None,
+                   annotate=False, colorbar=True):
+    """Show one (L_q, L_k) attention matrix; each row sums to 1."""
+    return plot_heatmap(weights, ax, title=title, xlabel="key", ylabel="query",
+                        xticklabels=k_labels, yticklabels=q_labels, cmap="viridis",
+                        vmin=0, vmax=None, annotate=annotate, colorbar=colorbar)
+
+
+def plot_heads(weights, *, q_labels=None, k_labels=None, ncols=4, title=None, size=2.2):
+    """One small heatmap per head for weights of shape (H, L_q, L_k); returns the Figure."""
+    arr = _to_numpy(weights)
+    if arr.ndim != 3:
+        raise ValueError(f"plot_heads needs weights of shape (H, L_q, L_k), got {arr.shape}")
+    n_heads = arr.shape[0]
+    ncols = min(ncols, n_heads)
+    nrows = -(-n_heads // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows), squeeze=False)
+    for h, ax in enumerate(axes.flat):
+        if h >= n_heads:
+            ax.axis("off")
+            continue
+        plot_attention(arr[h], ax, q_labels=q_labels, k_labels=k_labels,
+                       title=f"head {h}", colorbar=False)
+        if h % ncols:
+            ax.set_ylabel("")
+        ax.tick_params(labelsize=6)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
