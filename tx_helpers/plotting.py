@@ -88,3 +88,41 @@ def plot_heads(weights, *, q_labels=None, k_labels=None, ncols=4, title=None, si
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def plot_sublayer_diagram(norm_first=False, ax=None, *, sublayer="sublayer (attention or FFN)"):
+    """Draw one residual sublayer as boxes and arrows, input at the bottom; returns the Axes.
+
+    ``norm_first=False`` (Post-LN, the 2017 paper): out = LayerNorm(x + Dropout(sublayer(x))).
+    ``norm_first=True`` (Pre-LN): out = x + Dropout(sublayer(LayerNorm(x))).
+    Each box is a ``Text`` whose label names the step, so tests can read the order.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.8, 3.6))
+    steps = ["LayerNorm", sublayer, "Dropout", "+"] if norm_first else \
+        [sublayer, "Dropout", "+", "LayerNorm"]
+    ys = np.linspace(0.16, 0.84, len(steps) + 1)[1:] - 0.04
+    col, res = 0.42, 0.88
+    ax.text(col, 0.03, "x (N, L, d_model)", ha="center", va="center", fontsize=8)
+    ax.text(col, 0.99, "out (N, L, d_model)", ha="center", va="center", fontsize=8)
+    colours = {"LayerNorm": "#f6d38c", "Dropout": "#d9d9d9", "+": "white"}
+    prev = 0.06
+    for step, y in zip(steps, ys, strict=True):
+        ax.annotate("", xy=(col, y - 0.045), xytext=(col, prev),
+                    arrowprops={"arrowstyle": "->", "lw": 1.0})
+        box = "circle,pad=0.25" if step == "+" else "round,pad=0.35"
+        ax.text(col, y, step, ha="center", va="center", fontsize=8,
+                bbox={"boxstyle": box, "fc": colours.get(step, "#9ecae1"), "ec": "black"})
+        prev = y + 0.045
+    ax.annotate("", xy=(col, 0.96), xytext=(col, prev), arrowprops={"arrowstyle": "->", "lw": 1.0})
+    y_plus = ys[steps.index("+")]
+    ax.plot([col, res, res], [0.1, 0.1, y_plus], color="tab:red", lw=1.0)
+    ax.annotate("", xy=(col + 0.05, y_plus), xytext=(res, y_plus),
+                arrowprops={"arrowstyle": "->", "lw": 1.0, "color": "tab:red"})
+    ax.text(res + 0.02, (0.1 + y_plus) / 2, "residual", rotation=90, ha="left", va="center",
+            fontsize=7, color="tab:red")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.axis("off")
+    ax.set_title("Pre-LN (norm_first=True)" if norm_first else "Post-LN (norm_first=False)")
+    return ax
