@@ -5,7 +5,7 @@ from .introspection import ShapeTrace, count_parameters, trace_shapes
 from .layers import DecoderLayer, EncoderLayer, FeedForward
 from .masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask
 from .model import Decoder, Encoder, Transformer
-from .notebook import get_device, seed_everything, setup
+from .notebook import expect_error, get_device, seed_everything, setup
 from .positional import PositionalEncoding, sinusoidal_table
 
 __all__ = [
@@ -16,6 +16,6 @@ __all__ = [
     "Encoder", "Decoder", "Transformer",
     "padding_mask", "lookahead_mask", "decoder_self_mask", "expand_mask",
     "count_parameters", "trace_shapes", "ShapeTrace",
-    "setup", "get_device", "seed_everything",
+    "setup", "get_device", "seed_everything", "expect_error",
 ]
 __version__ = "0.1.0"

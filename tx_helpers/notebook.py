@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -48,3 +49,21 @@ def setup(seed: int = 0) -> torch.device:
             "{'bbox_inches': 'tight', 'metadata': {'Software': None}}",
         )
     return get_device()
+
+
+@contextmanager
+def expect_error(*types: type[BaseException]):
+    """Run a block that must fail, and print the error as a learner would see it.
+
+    Pitfall cells use it to reproduce a real error: the message is printed (so
+    nbval checks it and GitHub shows it), "Run all" carries on, and if the
+    block stops failing one day, an AssertionError says so.
+    """
+    types = types or (Exception,)
+    try:
+        yield
+    except types as err:
+        print(f"{type(err).__name__}: {err}")
+    else:
+        names = " or ".join(t.__name__ for t in types)
+        raise AssertionError(f"expected {names}, but the block ran without error")
