@@ -1,4 +1,5 @@
 """tx_helpers: the verified building blocks of the Transformer-from-scratch notebooks."""
+from . import grading as grading  # diagnostic checks for the exercises
 from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
 from .introspection import ShapeTrace, count_parameters, trace_shapes

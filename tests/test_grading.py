@@ -1,0 +1,770 @@
+"""tx_helpers.grading: each check passes correct code written differently from the package,
+fails each known mistake and names it, and never raises because of learner code."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tx_helpers as tx
+from tx_helpers import grading as g
+
+NEG = -1e9
+
+
+def assert_fails_with(result, key, *words):
+    """The check failed, named ``key``, and the report says so in words a learner reads."""
+    assert not result.passed, result.report
+    assert key in result.mistakes, (key, result.mistakes, result.report)
+    text = result.report.lower()
+    for word in words:
+        assert word.lower() in text, (word, result.report)
+
+
+def quiet(check, *args, **kwargs):
+    return check(*args, verbose=False, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# scaled dot-product attention
+
+
+def attn_einsum(q, k, v, mask=None):
+    scores = torch.einsum("...qd,...kd->...qk", q, k) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(mask, NEG)
+    w = scores.softmax(-1)
+    return torch.einsum("...qk,...kd->...qd", w, v), w
+
+
+def attn_sdpa(q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask)
+
+
+def attn_inf(q, k, v, mask=None):  # -inf fill is fine when no row is fully masked
+    scores = q @ k.transpose(-1, -2) * k.size(-1) ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    return F.softmax(scores, dim=-1) @ v
+
+
+def make_attn(scale="sqrt_dk", dim=-1, masking="right", values="v"):
+    def attention(q, k, v, mask=None):
+        s = q @ k.transpose(-2, -1)
+        d_k = q.size(-1)
+        s = {"sqrt_dk": s / math.sqrt(d_k), "none": s, "d_k": s / d_k,
+             "d_model": s / math.sqrt(128)}[scale]
+        if mask is not None and masking == "right":
+            s = s.masked_fill(mask, NEG)
+        elif mask is not None and masking == "inverted":
+            s = s.masked_fill(mask == 0, NEG)
+        elif mask is not None and masking == "zero":
+            s = s.masked_fill(mask, 0)
+        w = torch.softmax(s, dim=dim)
+        if mask is not None and masking == "after":
+            w = w.masked_fill(mask, 0)
+        return w @ (v if values == "v" else k), w
+    return attention
+
+
+@pytest.mark.parametrize("fn", [attn_einsum, attn_sdpa, attn_inf, make_attn()])
+def test_attention_correct_variants_pass(fn):
+    assert quiet(g.check_attention, fn).passed
+
+
+@pytest.mark.parametrize("bug, key, word", [
+    (dict(scale="none"), "no_scaling", "not scaled"),
+    (dict(scale="d_k"), "scale_d_k", "divided by d_k"),
+    (dict(scale="d_model"), "scale_other", "sqrt(128"),
+    (dict(dim=-2), "softmax_wrong_axis", "wrong axis"),
+    (dict(masking="inverted"), "mask_inverted", "inverted"),
+    (dict(masking="ignored"), "mask_ignored", "ignored"),
+    (dict(masking="zero"), "mask_fill_zero", "filled with 0"),
+    (dict(masking="after"), "mask_after_softmax", "after the softmax"),
+    (dict(values="k"), "weights_times_k", "instead of v"),
+])
+def test_attention_mistakes_are_named(bug, key, word):
+    assert_fails_with(quiet(g.check_attention, make_attn(**bug)), key, word)
+
+
+def test_attention_two_mistakes_are_both_named():
+    result = quiet(g.check_attention, make_attn(scale="none", masking="inverted"))
+    assert {"no_scaling", "mask_inverted"} <= set(result.mistakes), result.report
+
+
+def test_attention_exceptions_are_reported_not_raised(capsys):
+    def stub(q, k, v, mask=None):
+        raise NotImplementedError("compute the scores, mask them, softmax, multiply by v")
+
+    result = g.check_attention(stub)
+    assert_fails_with(result, "not_implemented", "not implemented yet",
+                      "compute the scores, mask them")
+    out = capsys.readouterr().out
+    assert "check_attention: FAILED" in out and "✗" in out and "Hint:" in out
+
+    def bad_shapes(q, k, v, mask=None):
+        return (q @ k) @ v  # forgot the transpose
+
+    assert_fails_with(quiet(g.check_attention, bad_shapes), "shape_error", "q @ k", "(N, H")
+
+
+# ----------------------------------------------------------------------------------------
+# multi-head attention
+
+
+class LearnerMHA(nn.Module):
+    """Learner-style MHA; subclasses below each carry one mistake."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def split(self, x):
+        n, length, _ = x.shape
+        return x.view(n, length, self.n_heads, self.d_k).transpose(1, 2)
+
+    def merge(self, x):
+        n, _, length, _ = x.shape
+        return x.transpose(1, 2).contiguous().view(n, length, self.d_model)
+
+    def scale(self):
+        return math.sqrt(self.d_k)
+
+    def prepare_mask(self, mask):
+        return mask.unsqueeze(1)
+
+    def project(self, query, key, value):
+        return self.w_q(query), self.w_k(key), self.w_v(value)
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (self.split(t) for t in self.project(query, key, value))
+        scores = q @ k.transpose(-2, -1) / self.scale()
+        if mask is not None:
+            scores = self.fill(scores, self.prepare_mask(mask))
+        w = self.dropout(torch.softmax(scores, dim=-1))
+        return self.out(self.merge(w @ v))
+
+    def fill(self, scores, mask):
+        return scores.masked_fill(mask, NEG)
+
+    def out(self, x):
+        return self.w_o(x)
+
+
+class MHAEinsum(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        n, lq, _ = query.shape
+        h = self.n_heads
+        q = self.w_q(query).reshape(n, lq, h, -1)
+        k = self.w_k(key).reshape(n, key.size(1), h, -1)
+        v = self.w_v(value).reshape(n, key.size(1), h, -1)
+        scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(mask.unsqueeze(1), float("-inf"))
+        w = scores.softmax(-1)
+        return self.w_o(torch.einsum("nhqk,nkhd->nqhd", w, v).reshape(n, lq, -1))
+
+
+class MHAPerHeadLoop(LearnerMHA):
+    """One slice of the merged projections per head, concatenated."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.w_q(query), self.w_k(key), self.w_v(value)
+        heads = []
+        for i in range(self.n_heads):
+            sl = slice(i * self.d_k, (i + 1) * self.d_k)
+            out = attn_einsum(q[..., sl], k[..., sl], v[..., sl], mask)[0]
+            heads.append(out)
+        return self.w_o(torch.cat(heads, dim=-1))
+
+
+class MHASdpa(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = (self.split(t) for t in self.project(query, key, value))
+        m = None if mask is None else ~mask.unsqueeze(1)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        return self.w_o(ctx.transpose(1, 2).reshape(query.shape))
+
+
+class MHAViewNoTranspose(LearnerMHA):
+    def split(self, x):
+        n, length, _ = x.shape
+        return x.view(n, self.n_heads, length, self.d_k)
+
+    def merge(self, x):
+        n, _, length, _ = x.shape
+        return x.reshape(n, length, self.d_model)
+
+
+class MHAHeadsAxis(LearnerMHA):
+    def forward(self, query, key, value, mask=None):  # attention across heads
+        n, lq, _ = query.shape
+        q = self.w_q(query).view(n, lq, self.n_heads, self.d_k)
+        k = self.w_k(key).view(n, key.size(1), self.n_heads, self.d_k)
+        v = self.w_v(value).view(n, key.size(1), self.n_heads, self.d_k)
+        w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_k), dim=-1)
+        return self.w_o((w @ v).view(n, lq, self.d_model))
+
+
+class MHAMergeNoTranspose(LearnerMHA):
+    def merge(self, x):
+        n, _, length, _ = x.shape
+        return x.reshape(n, length, self.d_model)
+
+
+class MHANoContiguous(LearnerMHA):
+    def merge(self, x):
+        n, _, length, _ = x.shape
+        return x.transpose(1, 2).view(n, length, self.d_model)
+
+
+class MHANoOutput(LearnerMHA):
+    def out(self, x):
+        return x
+
+
+class MHAScaleDModel(LearnerMHA):
+    def scale(self):
+        return math.sqrt(self.d_model)
+
+
+class MHANoScale(LearnerMHA):
+    def scale(self):
+        return 1.0
+
+
+class MHAMaskInverted(LearnerMHA):
+    def fill(self, scores, mask):
+        return scores.masked_fill(~mask, NEG)
+
+
+class MHAMaskZero(LearnerMHA):
+    def fill(self, scores, mask):
+        return scores.masked_fill(mask, 0.0)
+
+
+class MHAKeyWithWq(LearnerMHA):
+    def project(self, query, key, value):
+        return self.w_q(query), self.w_q(key), self.w_v(value)
+
+
+class MHANoHeadAxis(LearnerMHA):
+    def prepare_mask(self, mask):
+        return mask
+
+
+class MHADropoutInEval(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        return F.dropout(super().forward(query, key, value, mask), 0.5, training=True)
+
+
+class MHAOtherNames(LearnerMHA):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__(d_model, n_heads, dropout)
+        self.q_proj = self.w_q
+        del self.w_q
+
+
+class MHAWrongSignature(nn.Module):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x):
+        return self.w_o(x)
+
+
+@pytest.mark.parametrize("cls", [tx.MultiHeadAttention, LearnerMHA, MHAEinsum, MHAPerHeadLoop,
+                                 MHASdpa])
+def test_mha_correct_variants_pass(cls):
+    assert quiet(g.check_multi_head_attention, cls).passed
+
+
+@pytest.mark.parametrize("cls, key, word", [
+    (MHAViewNoTranspose, "heads_view_without_transpose", "without transpose"),
+    (MHAHeadsAxis, "heads_view_without_transpose", "transpose(1, 2)"),
+    (MHAMergeNoTranspose, "heads_merge_without_transpose", "merged back"),
+    (MHANoContiguous, "missing_contiguous", "call .contiguous() after transpose, or use reshape"),
+    (MHANoOutput, "no_output_projection", "w_o is not used"),
+    (MHAScaleDModel, "scale_sqrt_d_model", "sqrt(d_model)"),
+    (MHANoScale, "no_scaling", "not scaled"),
+    (MHAMaskInverted, "mask_inverted", "inverted"),
+    (MHAMaskZero, "mask_fill_zero", "filled with 0"),
+    (MHAKeyWithWq, "unused_projection", "self.w_k has no effect"),
+    (MHANoHeadAxis, "mask_needs_head_axis", "unsqueeze(1)"),
+    (MHADropoutInEval, "dropout_in_eval", "eval mode"),
+    (MHAOtherNames, "missing_weights", "w_q"),
+    (MHAWrongSignature, "signature", "positional argument"),
+])
+def test_mha_mistakes_are_named(cls, key, word):
+    assert_fails_with(quiet(g.check_multi_head_attention, cls), key, word)
+
+
+def test_mha_exception_in_init_and_instance_passed():
+    class Stub(nn.Module):
+        def __init__(self, d_model, n_heads, dropout):
+            super().__init__()
+            raise NotImplementedError("create w_q, w_k, w_v and w_o")
+
+    assert_fails_with(quiet(g.check_multi_head_attention, Stub), "not_implemented",
+                      "create w_q, w_k, w_v and w_o")
+    assert_fails_with(quiet(g.check_multi_head_attention, LearnerMHA(32, 4)), "not_a_class")
+
+
+# ----------------------------------------------------------------------------------------
+# positional encoding
+
+
+def pe_pow(max_len, d_model):  # correct, written with pow and a loop over pairs
+    pe = torch.zeros(max_len, d_model)
+    pos = torch.arange(max_len).float()
+    for i in range(0, d_model, 2):
+        pe[:, i] = torch.sin(pos / 10000 ** (i / d_model))
+        pe[:, i + 1] = torch.cos(pos / 10000 ** (i / d_model))
+    return pe
+
+
+def make_pe(swap=False, exponent="2i", start=0, halves=False):
+    def table(max_len, d_model):
+        pos = torch.arange(start, start + max_len).float().unsqueeze(1)
+        j = torch.arange(d_model).float()
+        pair = torch.arange(d_model // 2).float()
+        if exponent == "2i":
+            ang = pos / 10000 ** (2 * pair / d_model)
+        elif exponent == "i":
+            ang = pos / 10000 ** (pair / d_model)
+        elif exponent == "column":  # 10000 ** (j / d) for every column j
+            full = pos / 10000 ** (j / d_model)
+        else:
+            ang = pos * 10000 ** (2 * pair / d_model)
+        if exponent == "column":
+            a, b = full[:, 0::2], full[:, 1::2]
+        else:
+            a = b = ang
+        s, c = (torch.cos(a), torch.sin(b)) if swap else (torch.sin(a), torch.cos(b))
+        if halves:
+            return torch.cat([s, c], dim=1)
+        return torch.stack([s, c], dim=-1).reshape(max_len, d_model)
+    return table
+
+
+class LearnerPE(nn.Module):
+    def __init__(self, d_model, max_len, dropout=0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", pe_pow(max_len, d_model).unsqueeze(0))  # (1, max_len, d)
+
+    def forward(self, x):
+        return self.dropout(x + self.pe[:, : x.size(1)])
+
+
+class PEPlainAttribute(LearnerPE):
+    def __init__(self, d_model, max_len, dropout=0.1):
+        super().__init__(d_model, max_len, dropout)
+        table = self.pe
+        del self._buffers["pe"]
+        self.pe = table
+
+
+class PEParameter(LearnerPE):
+    def __init__(self, d_model, max_len, dropout=0.1):
+        super().__init__(d_model, max_len, dropout)
+        table = self.pe
+        del self._buffers["pe"]
+        self.pe = nn.Parameter(table)
+
+
+class PEScalesInput(LearnerPE):
+    def forward(self, x):
+        return x * math.sqrt(x.size(-1)) + self.pe[:, : x.size(1)]
+
+
+class PENoSlice(LearnerPE):
+    def forward(self, x):
+        return x + self.pe
+
+
+class PENoTableNoForward(nn.Module):
+    def __init__(self, d_model, max_len, dropout=0.1):
+        super().__init__()
+        self.table = make_pe(swap=True)(max_len, d_model)
+
+    def forward(self, x):
+        return x + self.table[: x.size(1)]
+
+
+@pytest.mark.parametrize("impl", [tx.sinusoidal_table, pe_pow, make_pe(), LearnerPE,
+                                  tx.PositionalEncoding])
+def test_pe_correct_variants_pass(impl):
+    assert quiet(g.check_positional_encoding, impl).passed
+
+
+@pytest.mark.parametrize("impl, key, word", [
+    (make_pe(swap=True), "pe_sin_cos_swapped", "swapped"),
+    (make_pe(exponent="i"), "pe_exponent_i", "instead of 2i"),
+    (make_pe(exponent="column"), "pe_exponent_column", "10000^(j/d_model)"),
+    (make_pe(exponent="inverted"), "pe_frequency_inverted", "multiplied"),
+    (make_pe(start=1), "pe_positions_from_1", "start at 1"),
+    (make_pe(halves=True), "pe_concatenated", "interleaved"),
+    (PEPlainAttribute, "pe_not_buffer", "plain attribute"),
+    (PEParameter, "pe_not_buffer", "nn.Parameter"),
+    (PEScalesInput, "pe_scales_input", "sqrt(d_model)"),
+    (PENoSlice, "shape_error", "pe[:x.size(1)]"),
+    (PENoTableNoForward, "pe_sin_cos_swapped", "swapped"),
+])
+def test_pe_mistakes_are_named(impl, key, word):
+    assert_fails_with(quiet(g.check_positional_encoding, impl), key, word)
+
+
+def test_pe_swapped_and_wrong_exponent_together():
+    result = quiet(g.check_positional_encoding, make_pe(swap=True, exponent="i"))
+    assert {"pe_sin_cos_swapped", "pe_exponent_i"} <= set(result.mistakes)
+
+
+# ----------------------------------------------------------------------------------------
+# masks
+
+
+def pad_square(seq, pad_idx):  # (N, L, L): accepted with a note
+    m = (seq == pad_idx).unsqueeze(1)
+    return m.expand(-1, seq.size(1), -1)
+
+
+def look_tril(size):
+    return ~torch.tril(torch.ones(size, size)).bool()
+
+
+def test_masks_correct_variants_pass():
+    result = quiet(g.check_masks, pad_square, look_tril,
+                   lambda t, p: (t == p)[:, None, :] | look_tril(t.size(1)),
+                   lambda s, t, p: (s == p)[:, None, None, :])
+    assert result.passed, result.report
+    assert any("(N, L, L)" in m for m in result.messages)
+
+
+@pytest.mark.parametrize("kwargs, key, word", [
+    (dict(lookahead_fn=lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool))),
+     "lookahead_diagonal_0", "diagonal=0"),
+    (dict(lookahead_fn=lambda n: torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=2)),
+     "lookahead_diagonal_2", "diagonal=2"),
+    (dict(lookahead_fn=lambda n: torch.tril(torch.ones(n, n, dtype=torch.bool))),
+     "mask_inverted", "inverted"),
+    (dict(lookahead_fn=lambda n: torch.triu(torch.full((n, n), float("-inf")), 1)),
+     "mask_not_bool", "additive"),
+    (dict(padding_fn=lambda s, p: (s == 0).unsqueeze(1)), "pad_idx_ignored", "pad_idx"),
+    (dict(padding_fn=lambda s, p: s == p), "padding_mask_shape", "unsqueeze(1)"),
+    (dict(padding_fn=lambda s, p: (s != p).unsqueeze(1)), "mask_inverted", "inverted"),
+    (dict(decoder_fn=lambda t, p: tx.lookahead_mask(t.size(1)).expand(t.size(0), -1, -1)),
+     "decoder_mask_no_padding", "no padding"),
+    (dict(decoder_fn=lambda t, p: tx.padding_mask(t, p) & tx.lookahead_mask(t.size(1))),
+     "decoder_mask_and", "AND"),
+    (dict(decoder_fn=lambda t, p: tx.padding_mask(t, p).expand(-1, t.size(1), -1)),
+     "decoder_mask_no_lookahead", "no look-ahead"),
+    (dict(cross_fn=lambda s, t, p: tx.padding_mask(s, p).expand(-1, s.size(1), -1)),
+     "cross_mask_shape", "(N, L_src, L_src)"),
+    (dict(cross_fn=lambda s, t, p: tx.padding_mask(t, p)), "cross_mask_uses_tgt", "target"),
+    (dict(cross_fn=lambda s, t, p: tx.padding_mask(s, p)
+          | torch.triu(torch.ones(t.size(1), s.size(1), dtype=torch.bool), 1)),
+     "cross_mask_lookahead", "look-ahead"),
+])
+def test_mask_mistakes_are_named(kwargs, key, word):
+    assert_fails_with(quiet(g.check_masks, **kwargs), key, word)
+
+
+def test_masks_keep_checking_after_one_failure():
+    result = quiet(g.check_masks, padding_fn=lambda s, p: (s != p).unsqueeze(1),
+                   lookahead_fn=tx.lookahead_mask)
+    assert not result.passed
+    assert any("✓ lookahead_fn(5)" in m for m in result.messages), result.report
+
+
+# ----------------------------------------------------------------------------------------
+# feed-forward
+
+
+class LearnerFFN(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1, act=F.relu, residual=False):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout, self.act, self.residual = nn.Dropout(dropout), act, residual
+
+    def forward(self, x):
+        y = self.linear2(self.dropout(self.act(self.linear1(x))))
+        return y + x if self.residual else y
+
+
+def ffn(**kw):
+    return type("FFN", (LearnerFFN,), {"__init__": lambda self, d, f, p: LearnerFFN.__init__(
+        self, d, f, p, **kw)})
+
+
+@pytest.mark.parametrize("cls", [tx.FeedForward, LearnerFFN])
+def test_ffn_correct_passes(cls):
+    assert quiet(g.check_feed_forward, cls).passed
+
+
+@pytest.mark.parametrize("kw, key, word", [
+    (dict(act=lambda t: t), "ffn_no_activation", "no ReLU"),
+    (dict(act=F.gelu), "ffn_other_activation", "GELU"),
+    (dict(residual=True), "ffn_residual_inside", "residual"),
+])
+def test_ffn_mistakes_are_named(kw, key, word):
+    assert_fails_with(quiet(g.check_feed_forward, ffn(**kw)), key, word)
+
+
+# ----------------------------------------------------------------------------------------
+# encoder and decoder layers
+
+
+class LearnerEncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = LearnerMHA(d_model, n_heads, dropout)
+        self.feed_forward = LearnerFFN(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.drop(self.self_attn(x, x, x, mask)))
+        return self.norm2(x + self.drop(self.feed_forward(x)))
+
+
+class EncPreLN(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        h = self.norm1(x)
+        x = x + self.self_attn(h, h, h, mask)
+        return x + self.feed_forward(self.norm2(x))
+
+
+class EncNormBeforeAdd(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        x = x + self.norm1(self.self_attn(x, x, x, mask))
+        return x + self.norm2(self.feed_forward(x))
+
+
+class EncNoResidual(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.self_attn(x, x, x, mask))
+        return self.norm2(self.feed_forward(x))
+
+
+class EncNormsSwapped(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        x = self.norm2(x + self.self_attn(x, x, x, mask))
+        return self.norm1(x + self.feed_forward(x))
+
+
+class EncMaskDropped(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        return super().forward(x, None)
+
+
+class EncBuggyAttention(LearnerEncoderLayer):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__(d_model, n_heads, d_ff, dropout)
+        self.self_attn = MHANoScale(d_model, n_heads, dropout)
+
+
+@pytest.mark.parametrize("cls", [tx.EncoderLayer, LearnerEncoderLayer])
+def test_encoder_layer_correct_passes(cls):
+    assert quiet(g.check_encoder_layer, cls).passed
+
+
+def test_encoder_layer_pre_ln_expected():
+    assert quiet(g.check_encoder_layer, EncPreLN, norm_first=True).passed
+    assert_fails_with(quiet(g.check_encoder_layer, LearnerEncoderLayer, norm_first=True),
+                      "post_ln_instead_of_pre_ln", "Post-LN order")
+
+
+@pytest.mark.parametrize("cls, key, word", [
+    (EncPreLN, "pre_ln_instead_of_post_ln", "Pre-LN order"),
+    (EncNormBeforeAdd, "norm_before_residual_add", "before the residual add"),
+    (EncNoResidual, "missing_residual", "residual connection is missing"),
+    (EncNormsSwapped, "norms_mixed_up", "wrong sublayers"),
+    (EncMaskDropped, "mask_not_passed", "not passed"),
+    (EncBuggyAttention, "submodule_differs", "self.self_attn"),
+])
+def test_encoder_layer_mistakes_are_named(cls, key, word):
+    assert_fails_with(quiet(g.check_encoder_layer, cls), key, word)
+
+
+class LearnerDecoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = MHAEinsum(d_model, n_heads, dropout)
+        self.cross_attn = MHAEinsum(d_model, n_heads, dropout)
+        self.feed_forward = LearnerFFN(d_model, d_ff, dropout)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+
+    def cross(self, x, memory, memory_mask):
+        return self.cross_attn(x, memory, memory, memory_mask)
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        x = self.norm1(x + self.self_attn(x, x, x, tgt_mask))
+        x = self.norm2(x + self.cross(x, memory, memory_mask))
+        return self.norm3(x + self.feed_forward(x))
+
+
+class DecCrossOnX(LearnerDecoderLayer):
+    def cross(self, x, memory, memory_mask):
+        return self.cross_attn(x, x, x)
+
+
+class DecNoMemoryMask(LearnerDecoderLayer):
+    def cross(self, x, memory, memory_mask):
+        return self.cross_attn(x, memory, memory)
+
+
+class DecPreLN(LearnerDecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        h = self.norm1(x)
+        x = x + self.self_attn(h, h, h, tgt_mask)
+        x = x + self.cross(self.norm2(x), memory, memory_mask)
+        return x + self.feed_forward(self.norm3(x))
+
+
+class DecNoCrossResidual(LearnerDecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        x = self.norm1(x + self.self_attn(x, x, x, tgt_mask))
+        x = self.norm2(self.cross(x, memory, memory_mask))
+        return self.norm3(x + self.feed_forward(x))
+
+
+class DecMasksSwapped(LearnerDecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        return super().forward(x, memory, memory_mask, tgt_mask)
+
+
+@pytest.mark.parametrize("cls", [tx.DecoderLayer, LearnerDecoderLayer])
+def test_decoder_layer_correct_passes(cls):
+    assert quiet(g.check_decoder_layer, cls).passed
+
+
+@pytest.mark.parametrize("cls, key, word", [
+    (DecCrossOnX, "cross_attn_on_x", "instead of memory"),
+    (DecNoMemoryMask, "memory_mask_not_passed", "memory_mask is not passed"),
+    (DecPreLN, "pre_ln_instead_of_post_ln", "Pre-LN"),
+    (DecNoCrossResidual, "missing_residual", "residual"),
+    (DecMasksSwapped, "shape_error", "mask"),
+])
+def test_decoder_layer_mistakes_are_named(cls, key, word):
+    assert_fails_with(quiet(g.check_decoder_layer, cls), key, word)
+
+
+# ----------------------------------------------------------------------------------------
+# the whole model
+
+
+class LearnerTransformer(nn.Module):
+    """Built from tx blocks, with its own forward (the part the exercise asks for)."""
+
+    scale_embeddings = True
+    output = "logits"
+    use_tgt_mask = True
+
+    def __init__(self, config):
+        super().__init__()
+        c = config
+        common = (c.d_model, c.n_heads, c.d_ff, c.n_layers, c.dropout, c.max_len)
+        self.encoder = tx.Encoder(c.src_vocab_size, *common)
+        self.decoder = tx.Decoder(c.tgt_vocab_size, *common)
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
+        self.d_model = c.d_model
+
+    def embed(self, part, tokens):
+        x = part.embedding(tokens)
+        return part.pos_encoding(x * math.sqrt(self.d_model) if self.scale_embeddings else x)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        x = self.embed(self.encoder, src)
+        for layer in self.encoder.layers:
+            x = layer(x, src_mask)
+        memory = self.encoder.norm(x)
+        y = self.embed(self.decoder, tgt)
+        for layer in self.decoder.layers:
+            y = layer(y, memory, tgt_mask if self.use_tgt_mask else None, src_mask)
+        logits = self.generator(self.decoder.norm(y))
+        return logits.softmax(-1) if self.output == "probs" else logits
+
+
+class TFNoScale(LearnerTransformer):
+    scale_embeddings = False
+
+
+class TFProbs(LearnerTransformer):
+    output = "probs"
+
+
+class TFSeesFuture(LearnerTransformer):
+    use_tgt_mask = False
+
+
+class TFNoGenerator(LearnerTransformer):
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        memory = self.encoder(src, src_mask)
+        return self.decoder(tgt, memory, tgt_mask, src_mask)
+
+
+class TFRenamed(LearnerTransformer):
+    def __init__(self, config):
+        super().__init__(config)
+        self.out_proj = self.generator
+        del self.generator
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        self.generator = self.out_proj
+        try:
+            return super().forward(src, tgt, src_mask, tgt_mask)
+        finally:
+            del self.generator
+
+
+@pytest.mark.parametrize("cls", [tx.Transformer, LearnerTransformer])
+def test_transformer_correct_passes(cls):
+    assert quiet(g.check_transformer, cls).passed
+
+
+@pytest.mark.parametrize("cls, key, word", [
+    (TFNoScale, "embeddings_not_scaled", "sqrt(d_model)"),
+    (TFProbs, "returns_probabilities", "logits"),
+    (TFSeesFuture, "decoder_sees_future", "future"),
+    (TFNoGenerator, "no_generator", "generator"),
+    (TFRenamed, "missing_weights", "generator.weight"),
+])
+def test_transformer_mistakes_are_named(cls, key, word):
+    assert_fails_with(quiet(g.check_transformer, cls), key, word)
+
+
+# ----------------------------------------------------------------------------------------
+# the result object and the report
+
+
+def test_result_object_and_history(capsys):
+    g.clear_history()
+    result = g.check_feed_forward(tx.FeedForward)
+    printed = capsys.readouterr().out
+    assert printed.strip() == result.report
+    assert printed.startswith("check_feed_forward: passed")
+    assert repr(result) == "<check_feed_forward: passed>"
+    assert g.history() == [result] and result.as_dict()["passed"] is True
+    bad = quiet(g.check_feed_forward, ffn(residual=True))
+    assert "ffn_residual_inside" in repr(bad) and "FAILED" in repr(bad)
+
+
+def test_checks_leave_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    quiet(g.check_multi_head_attention, LearnerMHA)
+    torch.testing.assert_close(torch.rand(3), expected)
+
+
+def test_every_mistake_key_has_text_and_hint():
+    for key, (text, hint) in g.MISTAKES.items():
+        assert text and hint, key
