@@ -88,6 +88,11 @@ def test_attention_mistakes_are_named(bug, key, word):
     assert_fails_with(quiet(g.check_attention, make_attn(**bug)), key, word)
 
 
+def test_a_named_mistake_replaces_the_plain_mismatch():
+    result = quiet(g.check_attention, make_attn(scale="d_model"))
+    assert result.mistakes == ["scale_other"], result.report
+
+
 def test_attention_two_mistakes_are_both_named():
     result = quiet(g.check_attention, make_attn(scale="none", masking="inverted"))
     assert {"no_scaling", "mask_inverted"} <= set(result.mistakes), result.report
@@ -651,7 +656,7 @@ def test_decoder_layer_correct_passes(cls):
     (DecNoMemoryMask, "memory_mask_not_passed", "memory_mask is not passed"),
     (DecPreLN, "pre_ln_instead_of_post_ln", "Pre-LN"),
     (DecNoCrossResidual, "missing_residual", "residual"),
-    (DecMasksSwapped, "shape_error", "mask"),
+    (DecMasksSwapped, "masks_swapped", "swapped"),
 ])
 def test_decoder_layer_mistakes_are_named(cls, key, word):
     assert_fails_with(quiet(g.check_decoder_layer, cls), key, word)

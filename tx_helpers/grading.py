@@ -40,6 +40,7 @@ __all__ = [
     "CheckResult", "MISTAKES", "history", "clear_history",
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
+    "find_checks", "check_namespace",
 ]
 
 ATOL = 1e-4
@@ -209,6 +210,9 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "cross_attn_on_x": ("cross-attention attends to the decoder states x instead of memory",
                         "self.cross_attn(x, memory, memory, memory_mask): queries from the "
                         "decoder, keys and values from the encoder memory"),
+    "masks_swapped": ("tgt_mask and memory_mask are swapped: the layer works when the check "
+                      "passes them the other way round", "forward(x, memory, tgt_mask, "
+                      "memory_mask): self-attention gets tgt_mask, cross-attention memory_mask"),
     "self_attn_reused_for_cross": ("self_attn is called for cross-attention; cross_attn has "
                                    "its own weights", "use self.cross_attn for the second "
                                    "sublayer"),
@@ -305,6 +309,8 @@ class _Report:
             self.notes.append(text)
 
     def finish(self) -> CheckResult:
+        if len(self.found) > 1:  # a named mistake explains the mismatch
+            self.found.pop("mismatch", None)
         passed = bool(self.probes) and all(ok for ok, _ in self.probes) and not self.found
         n_ok = sum(ok for ok, _ in self.probes)
         head = (f"{self.name}: passed ({n_ok}/{len(self.probes)} probes)" if passed else
@@ -1246,8 +1252,18 @@ def _layer_axes(norm_first: bool, n_sub: int):
     }
 
 
-def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, what):
-    out = _as_output(report, _call(report, what, run_mine, module))
+def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, what,
+                  shape_hint="", swapped=None):
+    try:
+        out = _as_output(report, _call(report, what, run_mine, module, shape_hint=shape_hint))
+    except _Failed:
+        if swapped is not None:
+            try:
+                if _close(_as_output(report, swapped(module)), run_ref()):
+                    report.mistake("masks_swapped")
+            except Exception:  # noqa: BLE001 - the first error is already reported
+                pass
+        raise
     _deterministic(report, lambda: run_mine(module), out)
     if _compare(report, f"{what} matches the reference", out, run_ref(), axes, variant):
         return
@@ -1263,6 +1279,11 @@ def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, w
             report.mistake("submodule_differs", f"self.{name} alone gives other numbers than "
                            f"the reference", f"run the check for {name} first "
                            f"(check_multi_head_attention / check_feed_forward)")
+
+
+_LAYER_SHAPES = ("x (N, L_tgt, d_model), memory (N, L_src, d_model); self-attention gets "
+                 "tgt_mask (N, L_tgt, L_tgt) (encoder: mask (N, 1, L)), cross-attention gets "
+                 "memory_mask (N, 1, L_src) with queries from x and keys/values from memory")
 
 
 def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) -> CheckResult:
@@ -1305,7 +1326,7 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
                           lambda m=m: ref(x, m), variant, axes,
                           [("self_attn", lambda s, m=m: s(x, x, x, m)),
-                           ("feed_forward", lambda f: f(x))], label)
+                           ("feed_forward", lambda f: f(x))], label, _LAYER_SHAPES)
 
     return _run_check("check_encoder_layer", body, verbose)
 
@@ -1370,9 +1391,11 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             subs = [("self_attn", lambda s, t_m=t_m: s(x, x, x, t_m)),
                     ("cross_attn", lambda s, m_m=m_m: s(x, memory, memory, m_m)),
                     ("feed_forward", lambda f: f(x))]
+            swapped = None if t_m is None else (
+                lambda mod, t_m=t_m, m_m=m_m: mod(x.clone(), memory.clone(), m_m, t_m))
             _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
                           lambda t_m=t_m, m_m=m_m: ref(x, memory, t_m, m_m), variant, axes,
-                          subs, label)
+                          subs, label, _LAYER_SHAPES, swapped)
 
     return _run_check("check_decoder_layer", body, verbose)
 
@@ -1491,3 +1514,84 @@ def _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask) -> 
     if isinstance(mine, torch.Tensor) and not _close(mine, ref.encoder(src, src_mask)):
         report.note("the encoder's output already differs from the reference encoder; "
                     "check its embedding scaling, layers and final norm")
+
+
+# ----------------------------------------------------------------------------------------
+# finding the learner's objects by name (for grading scripts and the exercise tests)
+
+_CLASS_RULES = (  # (substring of the lower-case name without "_", check)
+    ("decoderlayer", check_decoder_layer),
+    ("encoderlayer", check_encoder_layer),
+    ("multihead", check_multi_head_attention),
+    ("mha", check_multi_head_attention),
+    ("feedforward", check_feed_forward),
+    ("ffn", check_feed_forward),
+    ("positional", check_positional_encoding),
+)
+_MASK_RULES = (  # function name substrings -> check_masks keyword
+    ("cross", "cross_fn"),
+    ("decoder", "decoder_fn"),
+    ("tgt", "decoder_fn"),
+    ("lookahead", "lookahead_fn"),
+    ("causal", "lookahead_fn"),
+    ("subsequent", "lookahead_fn"),
+    ("padding", "padding_fn"),
+    ("pad", "padding_fn"),
+)
+
+
+def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[str, object]]:
+    """Pair the learner's classes and functions in ``namespace`` with checks, by name.
+
+    Returns ``[(label, run)]`` where ``run(verbose=True)`` runs the check. Only objects
+    defined in ``module`` count (``"__main__"`` in a notebook; None: any). Names:
+    ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
+    ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes; functions named
+    ``*positional*``/``*sinusoid*``, ``*attention*`` and ``*mask*`` (padding, look-ahead,
+    decoder, cross: all mask functions go to one :func:`check_masks`).
+    """
+    found, masks = [], {}
+    for name, obj in namespace.items():
+        if name.startswith("_") or (module is not None
+                                    and getattr(obj, "__module__", None) != module):
+            continue
+        key = name.lower().replace("_", "")
+        if isinstance(obj, type) and issubclass(obj, nn.Module):
+            check = next((c for sub, c in _CLASS_RULES if sub in key), None)
+            if check is None and key.endswith("transformer"):
+                check = check_transformer
+            if check is not None:
+                found.append((f"{check.__name__}({name})", _bind(check, obj)))
+        elif callable(obj) and not isinstance(obj, type):
+            if "mask" in key:
+                kw = next((k for sub, k in _MASK_RULES if sub in key), None)
+                if kw is not None and kw not in masks:
+                    masks[kw] = obj
+            elif "positional" in key or "sinusoid" in key:
+                found.append((f"check_positional_encoding({name})",
+                              _bind(check_positional_encoding, obj)))
+            elif "attention" in key:
+                found.append((f"check_attention({name})", _bind(check_attention, obj)))
+    if masks:
+        label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
+
+        def run_masks(verbose=True, masks=masks):
+            return check_masks(**masks, verbose=verbose)
+
+        found.append((f"check_masks({label})", run_masks))
+    return found
+
+
+def _bind(check, obj):
+    def run(verbose=True):
+        return check(obj, verbose=verbose)
+    return run
+
+
+def check_namespace(namespace: dict, module: str | None = "__main__",
+                    verbose: bool = True) -> list[CheckResult]:
+    """Run every check :func:`find_checks` pairs with the objects in ``namespace``.
+
+    In a notebook: ``tx.grading.check_namespace(globals())``.
+    """
+    return [run(verbose=verbose) for _, run in find_checks(namespace, module)]

@@ -1,0 +1,295 @@
+"""tools/make_exercises.py: stale check, region replacement, and stubs that the grading
+checks report (and pass once the solution is filled back in)."""
+import ast
+import inspect
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tx_helpers as tx
+from tx_helpers import grading
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import make_exercises as mx  # noqa: E402
+
+
+def base_namespace() -> dict:
+    """What a notebook cell can rely on: torch, nn, F, math, tx (and a CPU device)."""
+    return {"__name__": "__main__", "torch": torch, "nn": nn, "F": F, "math": math, "tx": tx,
+            "device": torch.device("cpu")}
+
+
+def fill_back(stub: str, solved: str) -> str:
+    """Put each region's solution code back in place of its stub line."""
+    lines = stub.split("\n")
+    for region in reversed(mx.find_regions(solved)):
+        at = max(i for i, line in enumerate(lines) if line == region.stub())
+        lines[at : at + 1] = mx.solution_code(solved, region).split("\n")
+    return "\n".join(lines)
+
+
+def new_objects(source: str, ns: dict) -> dict:
+    """Exec ``source`` in a copy of ``ns``; return only what it defined."""
+    local = dict(ns)
+    exec(compile(source, "<cell>", "exec"), local)  # noqa: S102 - notebook code on purpose
+    return {k: v for k, v in local.items() if k not in ns or ns[k] is not v}
+
+
+# ----------------------------------------------------------------------------------------
+# (1) the committed exercise notebooks are what the generator writes today
+
+
+def test_exercise_notebooks_are_up_to_date():
+    diffs = mx.differences(ROOT)
+    assert not diffs, "\n".join(diffs) + "\nrun `make exercises` and commit notebooks/exercises/"
+
+
+# ----------------------------------------------------------------------------------------
+# (2) the generator on a synthetic notebook
+
+SOLVED_CELL = '''\
+class Box(nn.Module):
+    def forward(self, x):
+        """Double x."""
+        ### BEGIN SOLUTION
+        ### HINT: multiply by two
+        y = x * 2
+        return y
+        ### END SOLUTION
+
+
+def helper(x):
+    if x:
+        ### BEGIN SOLUTION
+        return 1
+        ### END SOLUTION
+    return 0
+### BEGIN HIDDEN TESTS
+assert helper(1) == 1
+### END HIDDEN TESTS'''
+
+
+def synthetic_notebook():
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nb.cells = [nbformat.v4.new_markdown_cell("# 09 Synthetic\n\nA title cell."),
+                nbformat.v4.new_code_cell(SOLVED_CELL),
+                nbformat.v4.new_code_cell("### BEGIN HIDDEN TESTS\nassert True\n"
+                                          "### END HIDDEN TESTS"),
+                nbformat.v4.new_code_cell("print(helper(1))")]
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i}"
+        if cell.cell_type == "code":
+            cell.execution_count = i
+            cell.outputs = [nbformat.v4.new_output("stream", text="1\n")]
+            cell.metadata["execution"] = {"iopub.status.busy": "2025-01-01T00:00:00"}
+    return nb
+
+
+def test_regions_are_replaced_at_their_indentation():
+    ex = mx.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
+    assert ex.cells[0].cell_type == "markdown" and "Exercise version" in ex.cells[0].source
+    assert ex.cells[1].source.startswith("# 09 Synthetic")
+    assert len(ex.cells) == 4  # note + title + stubbed cell + print cell; hidden-only dropped
+    stub = ex.cells[2].source
+    assert '        raise NotImplementedError("multiply by two")' in stub.split("\n")
+    assert f'        raise NotImplementedError("{mx.DEFAULT_HINT}")' in stub.split("\n")
+    assert "y = x * 2" not in stub and "return 1" not in stub and "HIDDEN" not in stub
+    assert '"""Double x."""' in stub and "    return 0" in stub
+    for cell in ex.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+            assert "execution" not in cell.metadata
+    ns = base_namespace()
+    objs = new_objects(stub, ns)
+    with pytest.raises(NotImplementedError, match="multiply by two"):
+        objs["Box"]()(torch.ones(1))
+    assert objs["helper"](0) == 0
+    filled = new_objects(fill_back(stub, SOLVED_CELL.split("### BEGIN HIDDEN")[0]), ns)
+    assert filled["helper"](1) == 1 and float(filled["Box"]()(torch.ones(1))) == 2.0
+
+
+def test_generator_cli_writes_checks_and_leaves_solved_alone(tmp_path, capsys):
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    solved = nbdir / "09_synthetic.ipynb"
+    nbformat.write(synthetic_notebook(), solved)
+    no_regions = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 08")])
+    nbformat.write(no_regions, nbdir / "08_plain.ipynb")
+    before = solved.read_bytes()
+    root = ["--root", str(tmp_path)]
+    assert mx.main(root + ["--check"]) == 1  # missing
+    assert mx.main(root) == 0
+    out = nbdir / "exercises" / "09_synthetic.ipynb"
+    first = out.read_bytes()
+    assert mx.main(root + ["--check"]) == 0
+    assert mx.main(root) == 0 and out.read_bytes() == first  # deterministic
+    assert solved.read_bytes() == before
+    assert not (nbdir / "exercises" / "08_plain.ipynb").exists()
+    out.write_text(out.read_text().replace("multiply by two", "edited"))
+    assert mx.main(root + ["--check"]) == 1  # stale
+    mx.main(root)
+    (nbdir / "exercises" / "07_gone.ipynb").write_text("{}")
+    assert mx.main(root + ["--check"]) == 1  # extra
+    mx.main(root)
+    assert not (nbdir / "exercises" / "07_gone.ipynb").exists()
+    assert "stale: notebooks/exercises/09_synthetic.ipynb" in capsys.readouterr().out
+
+
+def test_unbalanced_markers_are_an_error(tmp_path, capsys):
+    (tmp_path / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "def f():\n    ### BEGIN SOLUTION\n    return 1\n")])
+    nbformat.write(nb, tmp_path / "notebooks" / "09_bad.ipynb")
+    assert mx.main(["--root", str(tmp_path)]) == 2
+    assert "09_bad.ipynb: line 2: BEGIN SOLUTION without END" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------
+# (3) a stub is reported by its check; the solution filled back in passes
+
+
+def _attention_solved_cell() -> str:
+    """tx.scaled_dot_product_attention's own body, wrapped as an exercise region."""
+    src = textwrap.dedent(inspect.getsource(tx.scaled_dot_product_attention))
+    fn = ast.parse(src).body[0]
+    lines = src.split("\n")
+    body_start = fn.body[1].lineno - 1  # the first statement after the docstring
+    head, body = lines[:body_start], lines[body_start:fn.end_lineno]
+    hint = "    ### HINT: scale q @ k^T by 1/sqrt(d_k), mask, softmax over the keys, times v"
+    return "\n".join(head + ["    ### BEGIN SOLUTION", hint] + body + ["    ### END SOLUTION"])
+
+
+def test_synthetic_exercise_from_a_real_function():
+    solved = _attention_solved_cell()
+    stub = mx.stub_source(solved)
+    ns = base_namespace()
+    stubbed = new_objects(stub, ns)["scaled_dot_product_attention"]
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(NotImplementedError, match="scale q @ k"):
+        stubbed(q, q, q)
+    result = grading.check_attention(stubbed, verbose=False)
+    assert not result.passed and "not_implemented" in result.mistakes
+    assert "scale q @ k^T by 1/sqrt(d_k)" in result.report
+    filled = new_objects(fill_back(stub, solved), ns)["scaled_dot_product_attention"]
+    assert grading.check_attention(filled, verbose=False).passed
+
+
+def _definitions(cells) -> str:
+    """Imports, defs, classes and constant assignments of earlier cells: enough context to exec
+    one exercise cell outside Jupyter without running the notebook's experiments."""
+    keep = []
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        source = "\n".join(line for line in cell.source.split("\n")
+                           if not line.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            simple = isinstance(node, ast.Assign) and all(
+                isinstance(n, (ast.Constant, ast.Name, ast.BinOp, ast.Tuple, ast.operator,
+                               ast.expr_context, ast.UnaryOp, ast.unaryop))
+                for n in ast.walk(node.value))
+            if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef)) \
+                    or simple:
+                keep.append(ast.unparse(node))
+    return "\n".join(keep)
+
+
+def _exec_quietly(source: str, ns: dict) -> None:
+    for stmt in ast.parse(source).body:
+        try:
+            exec(compile(ast.Module([stmt], []), "<earlier cells>", "exec"), ns)  # noqa: S102
+        except Exception:  # noqa: BLE001 - context is best effort
+            pass
+
+
+def real_region_cells():
+    """(notebook, cell index) for every solved notebook cell with a solution region."""
+    found = []
+    for path in sorted((ROOT / "notebooks").glob(mx.SOLVED_GLOB)):
+        nb = nbformat.read(path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and mx.find_regions(cell.source):
+                found.append(pytest.param(path, i, id=f"{path.stem}-cell{i}"))
+    return found or [pytest.param(None, None, marks=pytest.mark.skip(
+        reason="no solved notebook has a ### BEGIN SOLUTION region yet"))]
+
+
+@pytest.mark.parametrize("path, index", real_region_cells())
+def test_real_exercise_stub_fails_and_solution_passes(path, index):
+    nb = nbformat.read(path, as_version=4)
+    solved = nb.cells[index].source
+    ns = base_namespace()
+    _exec_quietly(_definitions(nb.cells[:index]), ns)
+    stub = mx.stub_source(mx.strip_hidden_tests(solved))
+    try:
+        stub_objs = new_objects(stub, ns)
+    except NotImplementedError as exc:  # a region at the top level of the cell
+        hints = [r.hint for r in mx.find_regions(solved) if r.hint]
+        assert not hints or str(exc) in hints
+        pytest.skip("the region is top-level code: the cell itself raises the stub")
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"the cell needs context the test cannot rebuild: {exc!r}")
+    checks = grading.find_checks(stub_objs)
+    if not checks:
+        pytest.skip(f"no grading check matches the names defined here: {sorted(stub_objs)}")
+    hints = [r.hint or mx.DEFAULT_HINT for r in mx.find_regions(solved)]
+    for label, run in checks:
+        result = run(verbose=False)
+        assert not result.passed and "not_implemented" in result.mistakes, (label, result.report)
+        assert any(h in result.report for h in hints), (label, result.report)
+    filled = fill_back(stub, mx.strip_hidden_tests(solved))
+    for label, run in grading.find_checks(new_objects(filled, ns)):
+        result = run(verbose=False)
+        assert result.passed, (label, result.report)
+
+
+# ----------------------------------------------------------------------------------------
+# tools/grade.py: execute a learner's notebook and collect the check results into a CSV
+
+
+def test_grade_script_collects_results_into_csv(tmp_path):
+    import csv
+
+    import grade
+
+    cells = [
+        nbformat.v4.new_markdown_cell("# A learner's notebook"),
+        nbformat.v4.new_code_cell("import math\nimport torch\nfrom torch import nn\n"
+                                  "import tx_helpers as tx"),
+        nbformat.v4.new_code_cell(
+            "def attention(q, k, v, mask=None):\n"
+            "    w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # forgot the scaling\n"
+            "    return w @ v"),
+        nbformat.v4.new_code_cell("_ = tx.grading.check_attention(attention)"),
+        nbformat.v4.new_code_cell("raise NotImplementedError('an unfinished cell')"),
+        nbformat.v4.new_code_cell("class FeedForward(tx.FeedForward):\n    pass"),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "alice_03.ipynb"
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    assert grade.main([str(path), "--out", str(out), "--timeout", "60"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    by = {(r["source"], r["check"]): r for r in rows}
+    assert by[("notebook", "cells")]["mistakes"] == "1 cell(s) raised"
+    assert by[("notebook", "check_attention")]["passed"] == "False"
+    assert "no_scaling" in by[("notebook", "check_attention")]["mistakes"]
+    assert "not scaled" in by[("notebook", "check_attention")]["diagnosis"]
+    assert by[("auto", "check_feed_forward(FeedForward)")]["passed"] == "True"
+    assert by[("auto", "check_attention(attention)")]["passed"] == "False"
