@@ -773,3 +773,89 @@ def test_checks_leave_the_global_rng_alone():
 def test_every_mistake_key_has_text_and_hint():
     for key, (text, hint) in g.MISTAKES.items():
         assert text and hint, key
+
+
+# ----------------------------------------------------------------------------------------
+# more mistakes, one line each
+
+
+class FFNReluOut(LearnerFFN):
+    def forward(self, x):
+        return F.relu(super().forward(x))
+
+
+class PESeqFirst(LearnerPE):
+    def forward(self, x):  # the (L, N, d_model) habit of the PyTorch tutorial
+        return x + self.pe[0, : x.size(0)].unsqueeze(1)
+
+
+class EncSwappedOrder(LearnerEncoderLayer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.feed_forward(x))
+        return self.norm2(x + self.self_attn(x, x, x, mask))
+
+
+class DecNoTgtMask(LearnerDecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        return super().forward(x, memory, None, memory_mask)
+
+
+class DecSelfForCross(LearnerDecoderLayer):
+    def cross(self, x, memory, memory_mask):
+        return self.self_attn(x, memory, memory, memory_mask)
+
+
+class DecTypo(LearnerDecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        return self.norm4(x)
+
+
+class TFNoFinalNorm(LearnerTransformer):
+    def __init__(self, config):
+        super().__init__(config)
+        self.encoder.norm = nn.Identity()
+
+
+class TFNoMemoryMask(LearnerTransformer):
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        memory = self.encoder(src, src_mask)
+        return self.generator(self.decoder(tgt, memory, tgt_mask, None))
+
+
+@pytest.mark.parametrize("check, impl, key, word", [
+    (g.check_feed_forward, FFNReluOut, "ffn_activation_on_output", "output of linear2"),
+    (g.check_positional_encoding, PESeqFirst, "pe_seq_first", "(L, N, d_model)"),
+    (g.check_encoder_layer, EncSwappedOrder, "sublayers_out_of_order", "wrong order"),
+    (g.check_decoder_layer, DecNoTgtMask, "tgt_mask_not_passed", "tgt_mask"),
+    (g.check_decoder_layer, DecSelfForCross, "self_attn_reused_for_cross", "own weights"),
+    (g.check_decoder_layer, DecTypo, "attribute_error", "norm4"),
+    (g.check_transformer, TFNoFinalNorm, "no_final_norm", "final LayerNorm"),
+    (g.check_transformer, TFNoMemoryMask, "source_padding_leaks", "src_mask"),
+    (g.check_masks, dict(lookahead_fn=lambda n: torch.tril(torch.ones(n, n).bool(), -1)),
+     "lookahead_masks_past", "past"),
+    (g.check_masks, dict(decoder_fn=lambda t, p: (t == p)[:, :, None] | tx.lookahead_mask(
+        t.size(1))), "padding_on_queries", "query rows"),
+    (g.check_attention, lambda q, k, v, mask=None: (q @ k.transpose(-2, -1)).tolist(),
+     "wrong_output_type", "not a tensor"),
+    (g.check_attention, lambda q, k, v, mask=None: q[..., :8] * 0 / 0, "nan_output", "NaN"),
+])
+def test_more_mistakes_are_named(check, impl, key, word):
+    result = quiet(check, **impl) if isinstance(impl, dict) else quiet(check, impl)
+    assert_fails_with(result, key, word)
+
+
+# ----------------------------------------------------------------------------------------
+# docs/teaching.md stays true
+
+
+def test_teaching_doc_lists_every_mistake_and_shows_a_real_report():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "teaching.md").read_text()
+    missing = [key for key in g.MISTAKES if f"`{key}`" not in doc]
+    assert not missing, f"docs/teaching.md does not list: {missing}"
+    example = doc.split("prints, for a class that forgot the output projection:")[1]
+    example = example.split("```")[1].strip("\n").split("\n")
+    report = quiet(g.check_multi_head_attention, MHANoOutput).messages
+    assert [line for line in example if line.strip() != "..."] == [
+        line for line in report if line in example]
