@@ -81,6 +81,7 @@ def synthetic_notebook():
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                  "language": "python"}
+    nb.metadata["language_info"] = {"name": "python", "version": "3.11.7"}
     nb.cells = [nbformat.v4.new_markdown_cell("# 09 Synthetic\n\nA title cell."),
                 nbformat.v4.new_code_cell(SOLVED_CELL),
                 nbformat.v4.new_code_cell("### BEGIN HIDDEN TESTS\nassert True\n"
@@ -99,6 +100,7 @@ def test_regions_are_replaced_at_their_indentation():
     ex = mx.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
     assert ex.cells[0].cell_type == "markdown" and "Exercise version" in ex.cells[0].source
     assert ex.cells[1].source.startswith("# 09 Synthetic")
+    assert ex.metadata["language_info"] == {"name": "python"}  # no execution details
     assert len(ex.cells) == 4  # note + title + stubbed cell + print cell; hidden-only dropped
     stub = ex.cells[2].source
     assert '        raise NotImplementedError("multiply by two")' in stub.split("\n")

@@ -767,7 +767,7 @@ def test_checks_leave_the_global_rng_alone():
     expected = torch.rand(3)
     torch.manual_seed(123)
     quiet(g.check_multi_head_attention, LearnerMHA)
-    torch.testing.assert_close(torch.rand(3), expected)
+    assert torch.equal(torch.rand(3), expected)
 
 
 def test_every_mistake_key_has_text_and_hint():
@@ -822,6 +822,11 @@ class TFNoMemoryMask(LearnerTransformer):
         return self.generator(self.decoder(tgt, memory, tgt_mask, None))
 
 
+def on_a_fixed_gpu(q, k, v, mask=None):  # what torch says for mask.to("cuda") on a GPU box
+    raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                       "devices, cuda:0 and cpu!")
+
+
 @pytest.mark.parametrize("check, impl, key, word", [
     (g.check_feed_forward, FFNReluOut, "ffn_activation_on_output", "output of linear2"),
     (g.check_positional_encoding, PESeqFirst, "pe_seq_first", "(L, N, d_model)"),
@@ -838,6 +843,7 @@ class TFNoMemoryMask(LearnerTransformer):
     (g.check_attention, lambda q, k, v, mask=None: (q @ k.transpose(-2, -1)).tolist(),
      "wrong_output_type", "not a tensor"),
     (g.check_attention, lambda q, k, v, mask=None: q[..., :8] * 0 / 0, "nan_output", "NaN"),
+    (g.check_attention, on_a_fixed_gpu, "device_mismatch", "the checks run on the CPU"),
 ])
 def test_more_mistakes_are_named(check, impl, key, word):
     result = quiet(check, **impl) if isinstance(impl, dict) else quiet(check, impl)

@@ -9,7 +9,8 @@ writes notebooks/exercises/NN_*.ipynb where
   hint is the text of a ``### HINT: ...`` line right after BEGIN, else a default;
 - ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are removed (a code
   cell left empty by that is dropped);
-- outputs, execution counts and execution metadata are cleared;
+- outputs, execution counts and execution metadata (cell timings, widget state,
+  language_info details) are cleared;
 - a markdown note at the top says this is the exercise version and how to check work.
 
 The solved notebooks are only read. Output is deterministic (nbformat's JSON layout).
@@ -152,6 +153,9 @@ def make_exercise(nb, solved_name: str):
         note.pop("id", None)
     ex.cells = [note] + cells
     ex.metadata.pop("widgets", None)
+    if "language_info" in ex.metadata:  # execution adds version details: keep only the name
+        ex.metadata["language_info"] = {"name": ex.metadata["language_info"].get("name",
+                                                                                 "python")}
     return ex
 
 

@@ -67,6 +67,9 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "attribute_error": ("an attribute is missing", "set it in __init__ (self.name = ...); "
                         "the checks rely on the attribute names of the exercise"),
     "exception": ("your code raised an exception", "read the message and the line shown"),
+    "device_mismatch": ("tensors on different devices", "the checks run on the CPU: create "
+                        "new tensors on the input's device (device=x.device), not on a fixed "
+                        "one"),
     "not_a_class": ("an instance was passed where the class is expected",
                     "pass the class itself, e.g. check(MyModule), not check(MyModule(...))"),
     "missing_weights": ("some parameters were not found under the expected names",
@@ -355,6 +358,8 @@ def _explain(report: _Report, what: str, exc: BaseException, shape_hint: str = "
         report.mistake("not_implemented", msg or None)
     elif "view" in low and ("stride" in low or "contiguous" in low):
         report.mistake("missing_contiguous")
+    elif "device" in low and ("expected" in low or "same" in low):
+        report.mistake("device_mismatch", msg)
     elif isinstance(exc, AttributeError):
         report.mistake("attribute_error", msg)
     elif isinstance(exc, TypeError) and ("argument" in low or "positional" in low):
@@ -933,7 +938,7 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         mem = torch.randn(n, l_k, d_model, generator=gen)
 
         def run(query, key, value, mask=None, what="forward(x, x, x)"):
-            args = (query, key, value) + (() if mask is None else (mask,))
+            args = (query.clone(), key.clone(), value.clone()) + (() if mask is None else (mask,))
             out = _call(report, what, module, *args, shape_hint=_MHA_SHAPES)
             if isinstance(out, (tuple, list)):
                 report.note("forward returns a tuple; the exercise returns only the output")
@@ -1463,7 +1468,7 @@ def check_transformer(cls, *, verbose: bool = True) -> CheckResult:
 
         def run(s, t, sm, tm, what):
             return _as_output(report, _call(
-                report, what, module, s, t, sm, tm,
+                report, what, module, s.clone(), t.clone(), sm.clone(), tm.clone(),
                 shape_hint="src (N, L_src), tgt (N, L_tgt) token ids; src_mask (N, 1, L_src), "
                 "tgt_mask (N, L_tgt, L_tgt); logits (N, L_tgt, tgt_vocab_size)"))
 
