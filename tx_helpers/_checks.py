@@ -16,6 +16,14 @@ def check_positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be positive, got {name}={value}")
 
 
+def check_nonnegative_int(name: str, value) -> None:
+    """``value`` must be an int >= 0 (bools are refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {name}={value}")
+
+
 def check_dropout(name: str, p) -> None:
     """A dropout probability must be a number in [0, 1)."""
     if isinstance(p, bool) or not isinstance(p, (int, float)):
@@ -58,11 +66,14 @@ def check_tokens(name: str, ids, vocab_size: int) -> None:
     """``ids`` must be an integer tensor (N, L) with values in [0, vocab_size)."""
     if not isinstance(ids, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
-    if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
+    if ids.dtype not in (torch.long, torch.int):  # nn.Embedding takes only these two
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
     if ids.dim() != 2:
         hint = " (missing batch dimension? use ids.unsqueeze(0))" if ids.dim() == 1 else ""
         raise ValueError(f"{name} must have shape (N, L), got {tuple(ids.shape)}{hint}")
+    if ids.size(1) == 0:
+        raise ValueError(f"{name} must have at least one token per row, got shape "
+                         f"{tuple(ids.shape)}, expected (N, L) with L >= 1")
     if ids.numel():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:

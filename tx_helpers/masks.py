@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_nonnegative_int, check_positive_int
+
 
 def padding_mask(seq: torch.Tensor, pad_idx: int) -> torch.Tensor:
     """Key-padding mask (N, 1, L): True where ``seq`` holds ``pad_idx``.
@@ -11,9 +13,10 @@ def padding_mask(seq: torch.Tensor, pad_idx: int) -> torch.Tensor:
     serves encoder self-attention (L_q = L_src) and cross-attention
     (L_q = L_tgt).
     """
-    if not isinstance(seq, torch.Tensor) or seq.dim() != 2:
-        shape = tuple(seq.shape) if isinstance(seq, torch.Tensor) else type(seq).__name__
-        raise ValueError(f"seq must be token ids of shape (N, L), got {shape}")
+    if not isinstance(seq, torch.Tensor):
+        raise TypeError(f"seq must be a torch.Tensor of token ids (N, L), got {type(seq).__name__}")
+    if seq.dim() != 2:
+        raise ValueError(f"seq must be token ids of shape (N, L), got {tuple(seq.shape)}")
     return (seq == pad_idx).unsqueeze(1)  # (N, 1, L)
 
 
@@ -24,8 +27,8 @@ def lookahead_mask(size: int, device=None, *, past: int = 0) -> torch.Tensor:
     With ``past=0`` this is the square (L, L) look-ahead mask; ``past > 0``
     serves incremental decoding, where earlier keys come from a cache.
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be a positive int, got size={size!r}")
+    check_positive_int("size", size)
+    check_nonnegative_int("past", past)  # a negative past silently gave a (L, L + past) mask
     ones = torch.ones(size, past + size, dtype=torch.bool, device=device)
     return torch.triu(ones, diagonal=past + 1)  # (L, past + L)
 
@@ -63,7 +66,7 @@ def expand_mask(mask: torch.Tensor, n: int, n_heads: int, l_q: int, l_k: int) ->
             f"mask must be 2-D, 3-D or 4-D, got shape {tuple(mask.shape)}; "
             f"expected something that broadcasts to (N, H, L_q, L_k) = {target}"
         )
-    if any(a != 1 and a != b for a, b in zip(m.shape, target)):
+    if any(a != 1 and a != b for a, b in zip(m.shape, target, strict=True)):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the attention "
             f"scores (N, H, L_q, L_k) = {target}; use (N, 1, L_k) for padding, "

@@ -6,7 +6,7 @@ import math
 import torch
 from torch import nn
 
-from ._checks import check_dropout, check_features, check_positive_int
+from ._checks import check_dropout, check_features, check_nonnegative_int, check_positive_int
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
@@ -15,14 +15,16 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     Column pair (2i, 2i+1) turns at angular frequency 10000^(-2i/d_model),
     computed as exp(-2i * ln(10000) / d_model) to stay in a safe numeric range.
     An odd d_model works: its last column is a sine with no cosine partner.
+    Angles are computed in float64 and rounded once to float32: in float32,
+    pos * freq is off by up to ~3e-5 at pos ~500 (more than assert_close allows).
     """
     check_positive_int("max_len", max_len)
     check_positive_int("d_model", d_model)
-    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(d_model/2),)
+    position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(d_model/2),)
     div_term = torch.exp(two_i * (-math.log(10000.0) / d_model))  # (ceil(d_model/2),)
     angles = position * div_term  # (max_len, ceil(d_model/2))
-    pe = torch.zeros(max_len, d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float32)
     pe[:, 0::2] = torch.sin(angles)
     pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return pe  # (max_len, d_model)
@@ -45,6 +47,7 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Add positions ``start .. start + L - 1`` (``start`` > 0 when decoding with a cache)."""
         check_features("x", x, self.d_model)
+        check_nonnegative_int("start", start)
         length = x.size(1)
         if start + length > self.max_len:
             raise ValueError(
