@@ -112,5 +112,5 @@ class MultiHeadAttention(nn.Module):
         else:
             context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
             self.attn_weights = weights.detach()  # (N, H, L_q, L_k)
-        context = context.transpose(1, 2).contiguous().view(n, l_q, self.d_model)  # (N, L_q, d_model)
+        context = context.transpose(1, 2).contiguous().view(n, l_q, self.d_model)  # (N, L_q, d)
         return self.w_o(context)  # (N, L_q, d_model)

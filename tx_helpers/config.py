@@ -57,7 +57,7 @@ class ModelConfig:
 
     @classmethod
     def paper_base(cls, **overrides) -> "ModelConfig":
-        """Transformer base (Vaswani et al. 2017, Table 3): 37000 shared BPE tokens, tied weights."""
+        """Transformer base (Vaswani et al. 2017, Table 3): 37000 shared BPE tokens, tied."""
         kw = dict(src_vocab_size=37000, tgt_vocab_size=37000, d_model=512, n_heads=8,
                   d_ff=2048, n_layers=6, dropout=0.1, max_len=512, pad_idx=0,
                   share_embeddings=True)

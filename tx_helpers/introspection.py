@@ -31,7 +31,8 @@ class ShapeTrace:
         header = ("module", "type", "input shapes", "output shape")
         table = [header] + [tuple(r) for r in self.rows]
         widths = [max(len(r[i]) for r in table) for i in range(4)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                 for r in table]
         lines.insert(1, "  ".join("-" * w for w in widths))
         return "\n".join(lines)
 

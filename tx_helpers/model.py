@@ -80,7 +80,7 @@ class Decoder(nn.Module):
             layer_caches = cache.setdefault("layers", [{} for _ in self.layers])
         x = self.embedding(tgt) * math.sqrt(self.d_model)  # (N, L_tgt, d_model)
         x = self.pos_encoding(x, start)
-        for layer, layer_cache in zip(self.layers, layer_caches):
+        for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
             x = layer(x, memory, tgt_mask, memory_mask, layer_cache)
         if cache is not None:
             cache["length"] = start + tgt.size(1)
