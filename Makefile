@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NB     ?= $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --ignore=notebooks/exercises
 
-.PHONY: setup lab test notebooks lint clean
+.PHONY: setup lab test test-browser notebooks exercises lint clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,18 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks
+	$(BIN)/jupyter lab --ip=127.0.0.1 --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_NBVAL) tests notebooks
+
+# Every solved notebook run in JupyterLab in headless Chromium (Debian's chromium).
+test-browser: setup
+	$(BIN)/python -m pytest -p no:nbval tests_browser -v
+
+# Student copies of the notebooks, generated from the solution regions.
+exercises: setup
+	$(BIN)/python tools/make_exercises.py
 
 # Re-execute notebooks in place (all of them, or NB=notebooks/03_x.ipynb).
 notebooks: setup
