@@ -1,5 +1,6 @@
 """tx_helpers.grading: each check passes correct code written differently from the package,
 fails each known mistake and names it, and never raises because of learner code."""
+import functools
 import math
 
 import pytest
@@ -583,6 +584,10 @@ def test_encoder_layer_correct_passes(cls):
 
 def test_encoder_layer_pre_ln_expected():
     assert quiet(g.check_encoder_layer, EncPreLN, norm_first=True).passed
+    pre_ln = functools.partial(tx.EncoderLayer, norm_first=True)  # a class with its own flag
+    assert quiet(g.check_encoder_layer, pre_ln, norm_first=True).passed
+    assert quiet(g.check_decoder_layer, functools.partial(tx.DecoderLayer, norm_first=True),
+                 norm_first=True).passed
     assert_fails_with(quiet(g.check_encoder_layer, LearnerEncoderLayer, norm_first=True),
                       "post_ln_instead_of_pre_ln", "Post-LN order")
 
