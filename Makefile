@@ -36,7 +36,7 @@ notebooks: setup
 	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
 
 lint: setup
-	$(BIN)/ruff check tx_helpers tests
+	$(BIN)/ruff check tx_helpers tests tests_browser tools
 
 clean:
 	rm -rf $(VENV) .cache
