@@ -173,7 +173,8 @@ def test_widget_slider_redraws_figure(browser, lab):
         for _ in range(3):
             handle.press("ArrowRight")
         page.wait_for_function(
-            f"([cell, src]) => {{ const now = ({LAST_IMAGE_JS})(cell); return now && now !== src; }}",
+            f"([cell, src]) => {{ const now = ({LAST_IMAGE_JS})(cell);"
+            " return now && now !== src; }",
             arg=[cell_el, before])
     finally:
         page.close()
