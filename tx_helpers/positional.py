@@ -13,7 +13,8 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
     """PE table (max_len, d_model): sin on even columns, cos on odd columns.
 
     Column pair (2i, 2i+1) turns at angular frequency 10000^(-2i/d_model),
-    computed as exp(-2i * ln(10000) / d_model) to stay in a safe numeric range.
+    computed as exp(-2i * ln(10000) / d_model): a float exponent, never an
+    integer power that could overflow (notebook 02 compares the two forms).
     An odd d_model works: its last column is a sine with no cosine partner.
     Angles are computed in float64 and rounded once to float32: in float32,
     pos * freq is off by up to ~3e-5 at pos ~500 (more than assert_close allows).
