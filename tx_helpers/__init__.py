@@ -2,12 +2,25 @@
 from . import grading as grading  # diagnostic checks for the exercises
 from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
+from .data import DATE_VOCAB, CharVocab, DatePairs, date_model_config, make_batch
+from .decoding import exact_match, exact_match_accuracy, greedy_decode, translate
 from .introspection import ShapeTrace, count_parameters, trace_shapes
 from .layers import DecoderLayer, EncoderLayer, FeedForward
 from .masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask
 from .model import Decoder, Encoder, Transformer
 from .notebook import expect_error, get_device, seed_everything, setup
 from .positional import PositionalEncoding, sinusoidal_table
+from .pretrained import load_dates_model
+from .training import (
+    History,
+    load_checkpoint,
+    noam_lr,
+    noam_scheduler,
+    paper_adam,
+    save_checkpoint,
+    train,
+    train_step,
+)
 
 __all__ = [
     "ModelConfig",
@@ -18,5 +31,9 @@ __all__ = [
     "padding_mask", "lookahead_mask", "decoder_self_mask", "expand_mask",
     "count_parameters", "trace_shapes", "ShapeTrace",
     "setup", "get_device", "seed_everything", "expect_error",
+    "CharVocab", "DATE_VOCAB", "DatePairs", "make_batch", "date_model_config",
+    "noam_lr", "noam_scheduler", "paper_adam", "train", "train_step", "History",
+    "save_checkpoint", "load_checkpoint",
+    "greedy_decode", "translate", "exact_match", "exact_match_accuracy", "load_dates_model",
 ]
 __version__ = "0.1.0"

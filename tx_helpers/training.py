@@ -1,0 +1,217 @@
+"""Training: the Noam schedule, the paper's Adam, a teachable loop, checkpoints.
+
+The schedule is the paper's ``lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``.
+``torch.optim.lr_scheduler.LambdaLR`` *multiplies* the optimizer's base lr by
+what its lambda returns, so a lambda that returns the absolute Noam rate needs
+an optimizer built with ``lr=1.0``; :func:`noam_scheduler` insists on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+
+PAPER_BETAS = (0.9, 0.98)
+PAPER_EPS = 1e-9
+
+
+def noam_lr(step: int, d_model: int, warmup: int) -> float:
+    """The paper's learning rate at optimizer step ``step`` (1-based; 0 is read as 1)."""
+    step = max(int(step), 1)
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+class NoamLambda:
+    """LambdaLR multiplier: optimizer step k (1-based) gets ``factor * noam_lr(k)``.
+
+    LambdaLR calls the lambda with 0 before the first step, 1 before the second, ...,
+    hence the ``+ 1``. A callable object (not a lambda) so its settings are saved
+    in the scheduler's state_dict.
+    """
+
+    def __init__(self, d_model: int, warmup: int, factor: float = 1.0):
+        self.d_model, self.warmup, self.factor = d_model, warmup, factor
+
+    def __call__(self, last_epoch: int) -> float:
+        return self.factor * noam_lr(last_epoch + 1, self.d_model, self.warmup)
+
+
+def paper_adam(params, lr: float = 1.0) -> torch.optim.Adam:
+    """Adam with the paper's betas (0.9, 0.98) and eps 1e-9. ``lr=1.0`` for a Noam scheduler."""
+    return torch.optim.Adam(params, lr=lr, betas=PAPER_BETAS, eps=PAPER_EPS)
+
+
+def noam_scheduler(optimizer, d_model: int, warmup: int = 4000, factor: float = 1.0):
+    """A LambdaLR whose actual lr at optimizer step k is ``factor * noam_lr(k, d_model, warmup)``.
+
+    Raises ValueError unless every param group has base lr 1.0: LambdaLR
+    multiplies that base lr, and anything else silently rescales the schedule
+    (an Adam(lr=1e-3) makes it 1000x too small). Use ``factor`` to scale it.
+    """
+    for i, group in enumerate(optimizer.param_groups):
+        base = group.get("initial_lr", group["lr"])
+        if base != 1.0:
+            raise ValueError(
+                f"noam_scheduler needs the optimizer's base lr to be 1.0 (LambdaLR multiplies "
+                f"it by the Noam rate), got lr={base} in param group {i}; build the optimizer "
+                f"with lr=1.0 (e.g. paper_adam(model.parameters())) and scale with factor="
+            )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, NoamLambda(d_model, warmup, factor))
+
+
+def token_accuracy(logits: torch.Tensor, labels: torch.Tensor, pad_idx: int) -> float:
+    """Share of non-pad labels whose argmax prediction is right (teacher forcing)."""
+    keep = labels != pad_idx
+    correct = (logits.argmax(-1) == labels) & keep
+    return correct.sum().item() / max(keep.sum().item(), 1)
+
+
+@dataclass
+class History:
+    """One entry per optimizer step."""
+
+    loss: list[float] = field(default_factory=list)  # the (label-smoothed) training loss
+    accuracy: list[float] = field(default_factory=list)  # teacher-forced token accuracy
+    lr: list[float] = field(default_factory=list)  # the lr used by this step
+    grad_norm: list[float] = field(default_factory=list)  # global grad norm before clipping
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+
+def _unpack(batch):
+    if hasattr(batch, "src") and hasattr(batch, "tgt_in"):
+        return batch.src, batch.tgt_in, batch.tgt_out
+    src, tgt_in, tgt_out = batch
+    return src, tgt_in, tgt_out
+
+
+def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0) -> dict:
+    """One step: forward, loss, backward, clip, optimizer step, scheduler step.
+
+    ``batch`` is (src, tgt_in, tgt_out) already on the model's device. Returns
+    ``loss``, ``accuracy``, ``lr`` (used by this step) and ``grad_norm`` (before clipping).
+    """
+    src, tgt_in, tgt_out = _unpack(batch)
+    model.train()
+    logits = model(src, tgt_in)  # (N, L_tgt, V)
+    loss = criterion(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    max_norm = clip_norm if clip_norm is not None else math.inf
+    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    pad_idx = criterion.ignore_index
+    return {"loss": loss.item(), "accuracy": token_accuracy(logits.detach(), tgt_out, pad_idx),
+            "lr": lr, "grad_norm": grad_norm.item()}
+
+
+def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float = 0.1,
+          clip_norm: float | None = 1.0, pad_idx: int | None = None, progress: bool = False,
+          total: int | None = None, history: History | None = None) -> History:
+    """Train ``model`` on an iterable of (src, tgt_in, tgt_out) batches; return a :class:`History`.
+
+    Loss: ``CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)``
+    (``pad_idx`` defaults to ``model.config.pad_idx``). Gradients are clipped to
+    ``clip_norm`` (None: no clipping; the norm is still recorded). Batches are
+    moved to the model's device, so the same call runs on CPU and CUDA.
+    ``progress=True`` shows a tqdm bar (``total`` = number of batches, if known).
+    Pass an existing ``history`` to append to it when resuming.
+    """
+    pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
+    device = next(model.parameters()).device
+    criterion = nn.CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)
+    history = History() if history is None else history
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc="train", unit="step")
+    start = time.perf_counter()
+    try:
+        for batch in batches:
+            batch = tuple(t.to(device) for t in _unpack(batch))
+            out = train_step(model, batch, optimizer, criterion, scheduler, clip_norm)
+            for key, value in out.items():
+                getattr(history, key).append(value)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{out['loss']:.3f}", acc=f"{out['accuracy']:.3f}")
+    finally:
+        if bar is not None:
+            bar.close()
+    history.seconds += time.perf_counter() - start
+    return history
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def save_checkpoint(path, model, optimizer=None, scheduler=None, *, step: int | None = None,
+                    extra: dict | None = None) -> None:
+    """Save weights, config (as a plain dict), optimizer/scheduler state and torch RNG state.
+
+    Everything saved is tensors and plain Python values, so :func:`load_checkpoint`
+    can use ``torch.load(weights_only=True)``. The RNG state (CPU and, when present,
+    CUDA) lets a resumed run draw the same dropout masks as an uninterrupted one.
+    """
+    ckpt = {
+        "config": dataclasses.asdict(model.config),
+        "model": model.state_dict(),
+        "optimizer": None if optimizer is None else optimizer.state_dict(),
+        "scheduler": None if scheduler is None else scheduler.state_dict(),
+        "step": step,
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "extra": extra or {},
+    }
+    torch.save(ckpt, path)
+
+
+def load_checkpoint(path, model=None, optimizer=None, scheduler=None, *, device=None,
+                    restore_rng: bool = False):
+    """Load a :func:`save_checkpoint` file: returns ``(model, checkpoint)``.
+
+    Uses ``torch.load(weights_only=True)``: plain tensors and values, no pickled
+    code. Without ``model`` a new :class:`Transformer` is built from the saved
+    config (on ``device``, default CPU); with one, the weights are loaded into it.
+    To resume training, build the model, optimizer and scheduler as before and
+    pass all three: each gets its saved state. ``restore_rng=True`` also puts
+    back torch's RNG state, so dropout continues exactly as it would have.
+    """
+    from .model import Transformer
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if model is None:
+        model = Transformer(ModelConfig(**ckpt["config"]))
+        if device is not None:
+            model.to(device)
+    elif dataclasses.asdict(model.config) != ckpt["config"]:
+        raise ValueError(
+            f"the model's config differs from the checkpoint's: got {model.config}, "
+            f"expected ModelConfig(**{ckpt['config']})"
+        )
+    model.load_state_dict(ckpt["model"])
+    if optimizer is not None and ckpt["optimizer"] is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+    if scheduler is not None and ckpt["scheduler"] is not None:
+        scheduler.load_state_dict(ckpt["scheduler"])
+    if restore_rng:
+        restore_rng_state(ckpt)
+    return model, ckpt
+
+
+def restore_rng_state(ckpt: dict) -> None:
+    """Put back the RNG state saved by :func:`save_checkpoint`."""
+    torch.set_rng_state(ckpt["rng_cpu"])
+    if ckpt.get("rng_cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(ckpt["rng_cuda"])
