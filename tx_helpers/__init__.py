@@ -3,7 +3,14 @@ from . import grading as grading  # diagnostic checks for the exercises
 from .attention import MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
 from .data import DATE_VOCAB, CharVocab, DatePairs, date_model_config, make_batch
-from .decoding import exact_match, exact_match_accuracy, greedy_decode, translate
+from .decoding import (
+    BeamOutput,
+    beam_search,
+    exact_match,
+    exact_match_accuracy,
+    greedy_decode,
+    translate,
+)
 from .introspection import ShapeTrace, count_parameters, trace_shapes
 from .layers import DecoderLayer, EncoderLayer, FeedForward
 from .masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask
@@ -35,5 +42,6 @@ __all__ = [
     "noam_lr", "noam_scheduler", "paper_adam", "train", "train_step", "History",
     "save_checkpoint", "load_checkpoint",
     "greedy_decode", "translate", "exact_match", "exact_match_accuracy", "load_dates_model",
+    "beam_search", "BeamOutput",
 ]
 __version__ = "0.1.0"

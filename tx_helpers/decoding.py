@@ -1,7 +1,10 @@
 """Free-running greedy decoding, with and without a key/value cache, and accuracy helpers."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from ._checks import check_positive_int, check_tokens
 from .data import pad_sequences
@@ -93,3 +96,135 @@ def exact_match_accuracy(model, pairs, vocab, *, max_len: int = 16, batch_size: 
                             use_cache=use_cache, device=device)
     return exact_match(predictions, targets)
 
+
+# ---------------------------------------------------------------- beam search
+
+class BeamOutput(NamedTuple):
+    """What :func:`beam_search` returns (unpacks as ``tokens, scores = ...``).
+
+    ``tokens`` (N, beam_size, L): per source row, the hypotheses best first;
+    column 0 is BOS, a finished hypothesis ends with EOS and is right-padded
+    with ``pad_idx``; L is the longest hypothesis (at most max_len + 1).
+    ``scores`` (N, beam_size), sorted descending along dim 1: the sum of the
+    model's log-probabilities of the generated tokens (EOS included) divided by
+    the GNMT length penalty ((5 + length) / 6) ** length_penalty, where length
+    counts the generated tokens (EOS included, BOS not).
+    """
+
+    tokens: torch.Tensor
+    scores: torch.Tensor
+
+
+def gnmt_length_penalty(length, alpha: float):
+    """Wu et al. (2016), eq. 14: lp(Y) = ((5 + |Y|) / 6) ** alpha. alpha = 0 gives 1."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.no_grad()
+def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_size: int = 4,
+                length_penalty: float = 0.6, pad_idx: int | None = None,
+                use_cache: bool = True) -> BeamOutput:
+    """Beam search from ``src`` (N, L_src): keep the ``beam_size`` best prefixes per row.
+
+    Each step extends every live prefix by every token and keeps the top
+    2 * beam_size candidates by summed log-probability (all live prefixes have
+    the same length, so the length penalty cannot reorder them). Candidates
+    ending in EOS that rank in the top beam_size join the row's pool of
+    finished hypotheses, scored
+    sum / ((5 + length) / 6) ** length_penalty; the best ``beam_size`` others
+    stay live. A row is done once it holds ``beam_size`` finished hypotheses
+    (the stopping rule of fairseq and of Hugging Face's ``early_stopping=True``);
+    rows still running at ``max_len`` add their live prefixes, penalised at
+    length ``max_len``. Returns a :class:`BeamOutput` (tokens, scores), best first.
+
+    ``beam_size=1`` is :func:`greedy_decode` exactly, for any length_penalty:
+    the single live prefix always takes the argmax, and its first EOS fills the
+    pool. Scores use the model's own log-probabilities (softmax over the whole
+    vocabulary); PAD and BOS are never chosen, as in greedy decoding.
+
+    With ``use_cache=True`` the decoder sees only the newest token per step;
+    after pruning, each layer's cached self-attention keys/values are
+    reordered with the surviving prefixes' parent beam indices. Cross-attention
+    keys/values need no reordering: a row's beams share one source, so they
+    are identical across its beams (the memory is repeated beam_size times).
+    """
+    check_tokens("src", src, model.config.src_vocab_size)
+    check_positive_int("max_len", max_len)
+    check_positive_int("beam_size", beam_size)
+    vocab_size = model.config.tgt_vocab_size
+    if beam_size > vocab_size - 3:
+        raise ValueError(
+            f"beam_size={beam_size} is too large for tgt_vocab_size={vocab_size}: expected at "
+            f"most {vocab_size - 3} (PAD, BOS and EOS cannot extend a live prefix)"
+        )
+    if length_penalty < 0:
+        raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
+    if max_len + 1 > model.config.max_len:
+        raise ValueError(
+            f"max_len={max_len} needs {max_len + 1} decoder positions, but the model's "
+            f"positional table has max_len={model.config.max_len}"
+        )
+    pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
+    was_training = model.training
+    model.eval()
+    try:
+        n, k, dev = src.size(0), beam_size, src.device
+        src_mask = padding_mask(src, model.config.pad_idx)  # (N, 1, L_src)
+        memory = model.encode(src, src_mask)  # (N, L_src, d_model)
+        memory = memory.repeat_interleave(k, dim=0)  # (N*K, L_src, d_model)
+        src_mask = src_mask.repeat_interleave(k, dim=0)  # (N*K, 1, L_src)
+        neg_inf = float("-inf")
+        score_dtype = torch.promote_types(memory.dtype, torch.float32)  # no float16 sums
+        alive = torch.full((n, k, 1), bos_idx, dtype=torch.long, device=dev)  # (N, K, t)
+        alive_scores = torch.full((n, k), neg_inf, dtype=score_dtype, device=dev)  # sums (N, K)
+        alive_scores[:, 0] = 0.0  # one real start; the copies only exist to keep shapes fixed
+        fin_tokens = torch.full((n, k, max_len + 1), pad_idx, dtype=torch.long, device=dev)
+        fin_scores = torch.full((n, k), neg_inf, dtype=score_dtype, device=dev)  # sorted (N, K)
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
+        cache = {} if use_cache else None
+        rows = torch.arange(n, device=dev)[:, None] * k  # (N, 1) first flat index of each row
+        for t in range(1, max_len + 1):  # t = generated tokens after this step
+            flat = alive.view(n * k, t)  # (N*K, t)
+            if use_cache:
+                hidden = model.decode(flat[:, -1:], memory, src_mask, cache=cache)  # (N*K, 1, d)
+            else:
+                hidden = model.decode(flat, memory, src_mask)  # (N*K, t, d_model)
+            logits = model.generator(hidden[:, -1])  # (N*K, V)
+            logp = torch.log_softmax(logits, dim=-1, dtype=score_dtype)  # (N*K, V)
+            logp[:, [pad_idx, bos_idx]] = neg_inf
+            cand = alive_scores[:, :, None] + logp.view(n, k, vocab_size)  # (N, K, V)
+            top_scores, top_idx = cand.view(n, k * vocab_size).topk(2 * k, dim=1)  # (N, 2K)
+            parent, token = top_idx // vocab_size, top_idx % vocab_size  # (N, 2K)
+            seqs = torch.cat([alive.gather(1, parent[:, :, None].expand(-1, -1, t)),
+                              token[:, :, None]], dim=2)  # (N, 2K, t+1)
+            is_eos = token == eos_idx  # (N, 2K)
+            # finished: EOS candidates ranked in the top K (as in fairseq) join the pool;
+            # an EOS ranked lower was beaten by K live continuations and is dropped
+            in_top_k = torch.arange(2 * k, device=dev) < k  # (2K,)
+            new_fin = torch.where(is_eos & in_top_k & ~done[:, None],
+                                  top_scores / gnmt_length_penalty(t, length_penalty), neg_inf)
+            seqs_padded = F.pad(seqs, (0, max_len - t), value=pad_idx)  # (N, 2K, max_len+1)
+            fin_scores, sel = torch.cat([fin_scores, new_fin], 1).topk(k, dim=1)  # (N, K)
+            fin_tokens = torch.cat([fin_tokens, seqs_padded], 1).gather(
+                1, sel[:, :, None].expand(-1, -1, max_len + 1))  # (N, K, max_len+1)
+            done |= fin_scores[:, -1] > neg_inf  # K finished hypotheses
+            if bool(done.all()):
+                break
+            # live: the best K candidates that did not end in EOS (at most K of 2K did)
+            alive_scores, pos = top_scores.masked_fill(is_eos, neg_inf).topk(k, dim=1)
+            alive = seqs.gather(1, pos[:, :, None].expand(-1, -1, t + 1))  # (N, K, t+1)
+            if use_cache:
+                order = (rows + parent.gather(1, pos)).view(-1)  # (N*K,) parent flat index
+                for layer in cache.get("layers", []):
+                    layer["self"]["k"] = layer["self"]["k"].index_select(0, order)
+                    layer["self"]["v"] = layer["self"]["v"].index_select(0, order)
+        else:  # max_len reached: unfinished rows also rank their live prefixes
+            live = torch.where(done[:, None], neg_inf,
+                               alive_scores / gnmt_length_penalty(max_len, length_penalty))
+            fin_scores, sel = torch.cat([fin_scores, live], 1).topk(k, dim=1)
+            fin_tokens = torch.cat([fin_tokens, alive], 1).gather(
+                1, sel[:, :, None].expand(-1, -1, max_len + 1))
+        length = int((fin_tokens != pad_idx).sum(-1).max())  # longest hypothesis, BOS included
+        return BeamOutput(fin_tokens[:, :, :length], fin_scores)
+    finally:
+        model.train(was_training)
