@@ -240,3 +240,20 @@ def test_greedy_cache_parity_with_padding_and_long_outputs(n):
     plain = greedy_decode(model, src, bos_idx=BOS, eos_idx=EOS, max_len=30)
     cached = greedy_decode(model, src, bos_idx=BOS, eos_idx=EOS, max_len=30, use_cache=True)
     assert plain.shape == (n, 31) and torch.equal(plain, cached)
+
+
+def test_early_truncated_hypotheses_do_not_end_the_search():
+    """Unlikely early EOS candidates fill the pool of finished hypotheses before the likely
+    output ends; stopping as soon as beam_size are finished would return a truncated output."""
+    a, b, c = 3, 4, 5
+    rows = {BOS: {a: 0.97, EOS: 0.03}, a: {b: 0.97, EOS: 0.03}, b: {c: 0.97, EOS: 0.03},
+            c: {EOS: 1.0}}
+    model = MarkovModel(rows, vocab=7)
+    src = torch.tensor([[3, 4]])
+    greedy = greedy_decode(model, src, bos_idx=BOS, eos_idx=EOS, max_len=8)
+    assert greedy.tolist() == [[BOS, a, b, c, EOS]]
+    for alpha in (0.0, 0.6):
+        out = beam_search(model, src, bos_idx=BOS, eos_idx=EOS, max_len=8, beam_size=2,
+                          length_penalty=alpha)
+        assert torch.equal(out.tokens[:, 0], greedy)
+        torch.testing.assert_close(out.scores, teacher_free_scores(rows, out.tokens, alpha))

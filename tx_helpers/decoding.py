@@ -133,14 +133,18 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
     finished hypotheses, scored
     sum / ((5 + length) / 6) ** length_penalty; the best ``beam_size`` others
     stay live. A row is done once it holds ``beam_size`` finished hypotheses
-    (the stopping rule of fairseq and of Hugging Face's ``early_stopping=True``);
-    rows still running at ``max_len`` add their live prefixes, penalised at
-    length ``max_len``. Returns a :class:`BeamOutput` (tokens, scores), best first.
+    and its best live prefix, scored at its current length, does not beat the
+    worst of them (Hugging Face's default ``early_stopping=False`` rule; stopping
+    at the first ``beam_size`` finished hypotheses instead lets early, truncated
+    outputs fill the pool before the real one ends). Rows still running at
+    ``max_len`` add their live prefixes, penalised at length ``max_len``.
+    Returns a :class:`BeamOutput` (tokens, scores), best first.
 
     ``beam_size=1`` is :func:`greedy_decode` exactly, for any length_penalty:
     the single live prefix always takes the argmax, and its first EOS fills the
-    pool. Scores use the model's own log-probabilities (softmax over the whole
-    vocabulary); PAD and BOS are never chosen, as in greedy decoding.
+    pool with a score no live prefix of the same length can beat. Scores use the
+    model's own log-probabilities (softmax over the whole vocabulary); PAD and
+    BOS are never chosen, as in greedy decoding.
 
     With ``use_cache=True`` the decoder sees only the newest token per step;
     after pruning, each layer's cached self-attention keys/values are
@@ -207,11 +211,14 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
             fin_scores, sel = torch.cat([fin_scores, new_fin], 1).topk(k, dim=1)  # (N, K)
             fin_tokens = torch.cat([fin_tokens, seqs_padded], 1).gather(
                 1, sel[:, :, None].expand(-1, -1, max_len + 1))  # (N, K, max_len+1)
-            done |= fin_scores[:, -1] > neg_inf  # K finished hypotheses
-            if bool(done.all()):
-                break
             # live: the best K candidates that did not end in EOS (at most K of 2K did)
             alive_scores, pos = top_scores.masked_fill(is_eos, neg_inf).topk(k, dim=1)
+            # done: K finished, and the best live prefix, scored at its current length,
+            # does not beat the worst of them
+            best_live = alive_scores[:, 0] / gnmt_length_penalty(t, length_penalty)
+            done |= (fin_scores[:, -1] > neg_inf) & (fin_scores[:, -1] >= best_live)
+            if bool(done.all()):
+                break
             alive = seqs.gather(1, pos[:, :, None].expand(-1, -1, t + 1))  # (N, K, t+1)
             if use_cache:
                 order = (rows + parent.gather(1, pos)).view(-1)  # (N*K,) parent flat index
