@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NB     ?= $(sort $(wildcard notebooks/[0-9]*.ipynb))
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --ignore=notebooks/exercises
 
-.PHONY: setup lab test test-browser notebooks exercises lint clean
+.PHONY: setup lab test test-browser notebooks exercises bench lint clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ exercises: setup
 notebooks: setup
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
+
+# Benchmarks: prints a table, writes benchmarks/latest.md and latest.json (< 10 min on 2 cores).
+bench: setup
+	$(BIN)/python tools/bench.py $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check tx_helpers tests tests_browser tools
