@@ -31,12 +31,15 @@ CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
 RUN_TIMEOUT_MS = 300_000
 
 RUN_ALL_JS = """
-async () => {
+async (timeoutMs) => {
   const app = window.jupyterapp;
   const panel = app.shell.currentWidget;
   await panel.context.ready;
   await panel.sessionContext.ready;
-  await app.commands.execute('notebook:run-all-cells');
+  // Never hang the test run: give up after the timeout and report what ran.
+  const ran = app.commands.execute('notebook:run-all-cells').then(() => true);
+  const timer = new Promise(resolve => setTimeout(() => resolve(false), timeoutMs));
+  const finished = await Promise.race([ran, timer]);
   const cells = panel.content.model.cells;
   const out = [];
   for (let i = 0; i < cells.length; i++) {
@@ -48,6 +51,7 @@ async () => {
       tags: cell.getMetadata('tags') || [],
       count: cell.executionCount,
       errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
+      finished: finished,
     });
   }
   return out;
@@ -143,10 +147,11 @@ def _open(browser, lab, name):
 def test_notebook_runs_in_jupyterlab(browser, lab, notebook):
     page = _open(browser, lab, notebook.name)
     try:
-        cells = page.evaluate(RUN_ALL_JS)
+        cells = page.evaluate(RUN_ALL_JS, RUN_TIMEOUT_MS)
     finally:
         page.close()
     assert cells, f"{notebook.name}: no code cells found"
+    assert cells[0]["finished"], f"{notebook.name}: Run All did not finish in {RUN_TIMEOUT_MS} ms"
     not_run = [c["index"] for c in cells if c["count"] is None]
     assert not not_run, f"{notebook.name}: cells never ran: {not_run}"
     errors = [(c["index"], c["errors"]) for c in cells
@@ -160,7 +165,7 @@ def test_widget_slider_redraws_figure(browser, lab):
         pytest.skip("no notebook has an ipywidgets interact yet")
     page = _open(browser, lab, with_widgets[0].name)
     try:
-        page.evaluate(RUN_ALL_JS)
+        page.evaluate(RUN_ALL_JS, RUN_TIMEOUT_MS)
         page.wait_for_function(WIDGETS_READY_JS)
         slider = page.locator(".widget-slider").first
         cell = slider.locator("xpath=ancestor::div[contains(@class, 'jp-CodeCell')]").first
