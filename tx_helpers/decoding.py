@@ -11,6 +11,15 @@ from .data import pad_sequences
 from .masks import padding_mask
 
 
+def _check_room(model, max_len: int) -> None:
+    """BOS plus ``max_len`` new tokens must fit in the positional table."""
+    if max_len + 1 > model.config.max_len:
+        raise ValueError(
+            f"max_len={max_len} needs {max_len + 1} decoder positions, but the model's "
+            f"positional table has max_len={model.config.max_len}"
+        )
+
+
 @torch.no_grad()
 def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
                   pad_idx: int | None = None, use_cache: bool = False) -> torch.Tensor:
@@ -32,11 +41,7 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
     """
     check_tokens("src", src, model.config.src_vocab_size)
     check_positive_int("max_len", max_len)
-    if max_len + 1 > model.config.max_len:
-        raise ValueError(
-            f"max_len={max_len} needs {max_len + 1} decoder positions, but the model's "
-            f"positional table has max_len={model.config.max_len}"
-        )
+    _check_room(model, max_len)
     pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
     was_training = model.training
     model.eval()
@@ -163,11 +168,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
         )
     if length_penalty < 0:
         raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
-    if max_len + 1 > model.config.max_len:
-        raise ValueError(
-            f"max_len={max_len} needs {max_len + 1} decoder positions, but the model's "
-            f"positional table has max_len={model.config.max_len}"
-        )
+    _check_room(model, max_len)
     pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
     was_training = model.training
     model.eval()
