@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 NB     ?= $(sort $(wildcard notebooks/[0-9]*.ipynb))
-PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --ignore=notebooks/exercises
+PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=1800 --ignore=notebooks/exercises
 
 .PHONY: setup lab test test-browser notebooks exercises bench lint clean
 
