@@ -103,3 +103,17 @@ def test_batch_shift_padding_and_specials():
     assert len(batches) == 3 and batches[0].src.size(0) == 8
     again = date_batches(3, 8, seed=1)
     assert all(torch.equal(x.src, y.src) for x, y in zip(batches, again, strict=True))
+
+
+def test_bucketed_batches_are_deterministic_and_less_padded():
+    plain = list(date_batches(8, 32, seed=2))
+    bucketed = list(date_batches(8, 32, seed=2, bucket=4))
+    again = list(date_batches(8, 32, seed=2, bucket=4))
+    assert len(bucketed) == 8 and all(b.src.size(0) == 32 for b in bucketed)
+    assert all(torch.equal(x.src, y.src) for x, y in zip(bucketed, again, strict=True))
+    def pads(batches):
+        return sum(int((b.src == DATE_VOCAB.pad_idx).sum()) for b in batches)
+
+    assert pads(bucketed) < pads(plain) / 2
+    with pytest.raises(ValueError, match="bucket must be positive"):
+        next(date_batches(1, 4, bucket=0))

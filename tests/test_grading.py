@@ -870,3 +870,76 @@ def test_teaching_doc_lists_every_mistake_and_shows_a_real_report():
     report = quiet(g.check_multi_head_attention, MHANoOutput).messages
     assert [line for line in example if line.strip() != "..."] == [
         line for line in report if line in example]
+
+
+# ----------------------------------------------------------------------------------------
+# one training step
+
+
+def make_train_step(zero_grad=True, clip=True, schedule="after", dec_in="tgt_in",
+                    labels="tgt_out", returns="pre_clip", backward=True, zero_at_end=False):
+    """A learner's train step, correct by default; each argument plants one known mistake."""
+
+    def step(model, batch, optimizer, scheduler, criterion, clip_norm=1.0):
+        parts = dict(zip(("src", "tgt_in", "tgt_out"), batch, strict=True))
+        model.train()
+        logits = model(parts["src"], parts[dec_in])
+        loss = criterion(logits.reshape(-1, logits.size(-1)), parts[labels].reshape(-1))
+        if zero_grad and not zero_at_end:
+            optimizer.zero_grad()
+        if backward:
+            loss.backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip else math.inf)
+        if returns == "post_clip":
+            norm = nn.utils.clip_grad_norm_(model.parameters(), math.inf)
+        if schedule == "before":
+            scheduler.step()
+        optimizer.step()
+        if schedule == "after":
+            scheduler.step()
+        if zero_at_end:
+            optimizer.zero_grad()
+        return loss.item() if returns == "loss_only" else (loss, norm)
+
+    return step
+
+
+def train_step_via_package(model, batch, optimizer, scheduler, criterion, clip_norm=1.0):
+    out = tx.train_step(model, batch, optimizer, criterion, scheduler, clip_norm=clip_norm)
+    return out["loss"], out["grad_norm"]
+
+
+@pytest.mark.parametrize("fn", [make_train_step(), make_train_step(zero_at_end=True),
+                                train_step_via_package])
+def test_train_step_correct_variants_pass(fn):
+    result = quiet(g.check_train_step, fn)
+    assert result.passed, result.report
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of")
+@pytest.mark.parametrize("kwargs, key, word", [
+    (dict(zero_grad=False), "no_zero_grad", "zero_grad()"),
+    (dict(clip=False), "no_clipping", "clip_grad_norm_"),
+    (dict(schedule="never"), "scheduler_not_stepped", "never stepped"),
+    (dict(schedule="before"), "scheduler_before_optimizer", "next step's learning rate"),
+    (dict(dec_in="tgt_out"), "decoder_reads_labels", "copy the answer"),
+    (dict(labels="tgt_in"), "labels_not_shifted", "not shifted"),
+    (dict(returns="post_clip"), "grad_norm_after_clip", "after clipping"),
+    (dict(returns="loss_only"), "wrong_return", "(loss, grad_norm)"),
+    (dict(backward=False), "no_update", "backward()"),
+])
+def test_train_step_mistakes_are_named(kwargs, key, word):
+    assert_fails_with(quiet(g.check_train_step, make_train_step(**kwargs)), key, word)
+
+
+def test_train_step_two_mistakes_and_a_stub():
+    result = quiet(g.check_train_step, make_train_step(zero_grad=False, schedule="never"))
+    assert {"no_zero_grad", "scheduler_not_stepped"} <= set(result.mistakes), result.report
+
+    def my_train_step(model, batch, optimizer, scheduler, criterion, clip_norm=1.0):
+        raise NotImplementedError("forward, loss, zero_grad, backward, clip, step, step")
+
+    assert_fails_with(quiet(g.check_train_step, my_train_step), "not_implemented",
+                      "zero_grad, backward")
+    assert [label for label, _ in g.find_checks({"my_train_step": my_train_step}, None)] == [
+        "check_train_step(my_train_step)"]

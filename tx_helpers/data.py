@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from ._checks import check_positive_int
 from .config import ModelConfig
 
 FIRST_DAY = dt.date(1969, 1, 1)
@@ -220,12 +221,25 @@ def make_batch(pairs, vocab: CharVocab = DATE_VOCAB, device=None) -> Batch:
 
 
 def date_batches(n_batches: int, batch_size: int, seed: int = 0, device=None,
-                 pairs: DatePairs | None = None):
-    """Yield ``n_batches`` fresh training batches (a new sample each step)."""
+                 pairs: DatePairs | None = None, bucket: int = 1):
+    """Yield ``n_batches`` training batches, freshly sampled (no epochs, nothing repeats).
+
+    ``bucket > 1`` samples ``bucket * batch_size`` pairs at a time, sorts them by
+    source length, cuts them into ``bucket`` batches and yields those in random
+    order: batches of similar lengths carry less padding, so each step is cheaper.
+    """
+    check_positive_int("bucket", bucket)
     pairs = pairs or DatePairs()
-    for i in range(n_batches):
-        yield make_batch(pairs.sample(batch_size, "train", seed=seed * 1_000_003 + i),
-                         device=device)
+    rng = random.Random(f"batches-{seed}")
+    for chunk in range(0, n_batches, bucket):
+        size = min(bucket, n_batches - chunk)
+        sample = pairs.sample(size * batch_size, "train", seed=seed * 1_000_003 + chunk)
+        if size > 1:
+            sample.sort(key=lambda pair: len(pair[0]))
+        groups = [sample[i * batch_size:(i + 1) * batch_size] for i in range(size)]
+        rng.shuffle(groups)
+        for group in groups:
+            yield make_batch(group, device=device)
 
 
 def date_model_config(**overrides) -> ModelConfig:

@@ -23,6 +23,7 @@ import itertools
 import math
 import os
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -35,12 +36,13 @@ from .layers import DecoderLayer, EncoderLayer, FeedForward
 from .masks import decoder_self_mask, lookahead_mask, padding_mask
 from .model import Transformer
 from .positional import sinusoidal_table
+from .training import noam_scheduler
 
 __all__ = [
     "CheckResult", "MISTAKES", "history", "clear_history",
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
-    "find_checks", "check_namespace",
+    "check_train_step", "find_checks", "check_namespace",
 ]
 
 ATOL = 1e-4
@@ -238,6 +240,30 @@ MISTAKES: dict[str, tuple[str, str]] = {
                              "output: src_mask is not applied everywhere",
                              "pass src_mask to every encoder layer and as memory_mask to "
                              "every decoder layer"),
+    # training step
+    "no_update": ("the parameters did not change: loss.backward() or optimizer.step() is "
+                  "missing", "loss.backward(), then optimizer.step()"),
+    "no_zero_grad": ("the gradients are never zeroed, so each step adds its gradients to the "
+                     "previous steps' ones", "call optimizer.zero_grad() before loss.backward()"),
+    "no_clipping": ("the gradients are not clipped before optimizer.step()",
+                    "nn.utils.clip_grad_norm_(model.parameters(), clip_norm) between "
+                    "loss.backward() and optimizer.step()"),
+    "scheduler_not_stepped": ("the learning-rate scheduler is never stepped: the warmup never "
+                              "advances", "call scheduler.step() once per step, after "
+                              "optimizer.step()"),
+    "scheduler_before_optimizer": ("scheduler.step() runs before optimizer.step(), so every "
+                                   "step uses the next step's learning rate (PyTorch warns)",
+                                   "optimizer.step() first, then scheduler.step()"),
+    "decoder_reads_labels": ("the decoder reads tgt_out (the labels) instead of tgt_in, so it "
+                             "can copy the answer", "logits = model(src, tgt_in)"),
+    "labels_not_shifted": ("the loss compares the logits with tgt_in instead of tgt_out: the "
+                           "labels are not shifted", "criterion(logits.reshape(-1, V), "
+                           "tgt_out.reshape(-1))"),
+    "grad_norm_after_clip": ("the returned gradient norm is measured after clipping (it equals "
+                             "clip_norm)", "return what clip_grad_norm_ returns: the norm before "
+                             "clipping"),
+    "wrong_return": ("the step does not return (loss, grad_norm) as two numbers",
+                     "return loss.item(), grad_norm.item()"),
     "mismatch": ("the numbers differ from the reference and match none of the known mistakes",
                  "print intermediate shapes and values and compare them with tx_helpers"),
 }
@@ -1522,6 +1548,121 @@ def _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask) -> 
 
 
 # ----------------------------------------------------------------------------------------
+# one training step
+
+
+_STEP_SHAPES = ("batch = (src (N, L_src), tgt_in (N, L_tgt), tgt_out (N, L_tgt)); logits = "
+                "model(src, tgt_in) is (N, L_tgt, V); flatten to (N * L_tgt, V) and "
+                "(N * L_tgt,) for the criterion")
+
+
+def _step_batches(n_steps: int, gen) -> list:
+    """Right-padded copy-with-noise batches: pad 0, bos 1, eos 2, tokens 3..10."""
+    batches = []
+    for _ in range(n_steps):
+        src = torch.randint(3, 11, (4, 6), generator=gen)  # (N, L_src)
+        src[1, 4:], src[3, 3:] = 0, 0
+        body = torch.randint(3, 11, (4, 4), generator=gen)
+        tgt = torch.cat([torch.ones(4, 1, dtype=torch.long), body,
+                         torch.full((4, 1), 2)], 1)  # (N, 6): <bos> y <eos>
+        tgt[2, 4:] = torch.tensor([2, 0])
+        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return batches
+
+
+def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(model, batch, optimizer, scheduler, criterion, clip_norm=1.0)``, one training
+    step returning ``(loss, grad_norm before clipping)``, against :func:`tx_helpers.train_step`.
+
+    Three steps from the same start must give the reference's losses, norms and weights. A
+    plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
+    """
+    n_steps, clip = 3, 0.1
+    batches = _step_batches(n_steps, torch.Generator().manual_seed(12))
+    config = ModelConfig(src_vocab_size=11, tgt_vocab_size=11, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, dropout=0.0, max_len=16, pad_idx=0)
+    torch.manual_seed(13)
+    start = Transformer(config).state_dict()
+
+    def fresh():
+        model = Transformer(config)
+        model.load_state_dict(start)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = noam_scheduler(optimizer, config.d_model, warmup=2, factor=20.0)
+        return model, optimizer, scheduler, nn.CrossEntropyLoss(ignore_index=0,
+                                                                 label_smoothing=0.1)
+
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    def variant(zero_grad=True, max_norm=clip, schedule="after", dec_in=1, labels=2):
+        model, optimizer, scheduler, criterion = fresh()
+        losses, norms = [], []
+        for batch in batches:
+            logits = model(batch[0], batch[dec_in])  # (N, L_tgt, V)
+            loss = criterion(logits.reshape(-1, logits.size(-1)), batch[labels].reshape(-1))
+            if zero_grad:
+                optimizer.zero_grad()
+            loss.backward()
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(),
+                                                        max_norm or math.inf)))
+            if schedule == "before":
+                with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+                    warnings.simplefilter("ignore")
+                    scheduler.step()
+            optimizer.step()
+            if schedule == "after":
+                scheduler.step()
+            losses.append(loss.item())
+        return torch.tensor(losses), torch.tensor(norms), flat(model)
+
+    def body(report: _Report):
+        with torch.enable_grad():
+            model, optimizer, scheduler, criterion = fresh()
+            returned = []
+            for i, batch in enumerate(batches):
+                returned.append(_call(report, f"step {i + 1}: fn(model, batch, optimizer, "
+                                      f"scheduler, criterion, clip_norm={clip})", fn, model,
+                                      batch, optimizer, scheduler, criterion, clip_norm=clip,
+                                      shape_hint=_STEP_SHAPES))
+            report.probe(True, f"{n_steps} steps ran without an exception")
+            ref_losses, ref_norms, ref_params = variant()
+            params = flat(model)
+            if not report.probe(not torch.equal(params, flat(fresh()[0])),
+                                "the parameters change"):
+                report.mistake("no_update")
+                raise _Failed
+            pairs = [r for r in returned if isinstance(r, (tuple, list)) and len(r) == 2]
+            def number(x):
+                return x.item() if isinstance(x, torch.Tensor) else float(x)
+
+            try:
+                losses = torch.tensor([number(r[0]) for r in pairs])
+                norms = torch.tensor([number(r[1]) for r in pairs])
+            except (TypeError, ValueError, RuntimeError):
+                pairs = []
+            if report.probe(len(pairs) == n_steps, "returns (loss, grad_norm) as numbers"):
+                _compare(report, "the losses of the three steps match the reference", losses,
+                         ref_losses)
+                if not _compare(report, "the returned norms are the norms before clipping",
+                                norms, ref_norms) and _close(norms, torch.full_like(norms, clip)):
+                    report.found.pop("mismatch", None)
+                    report.mistake("grad_norm_after_clip")
+            else:
+                report.mistake("wrong_return", f"got {returned[0]!r}"[:120])
+            axes = {"zero_grad": [True, ("no_zero_grad", False)],
+                    "max_norm": [clip, ("no_clipping", None)],
+                    "schedule": ["after", ("scheduler_not_stepped", "never"),
+                                 ("scheduler_before_optimizer", "before")],
+                    "dec_in": [1, ("decoder_reads_labels", 2)],
+                    "labels": [2, ("labels_not_shifted", 1)]}
+            _compare(report, f"the weights after {n_steps} steps match the reference", params,
+                     ref_params, axes, lambda **kw: variant(**kw)[2])
+
+    return _run_check("check_train_step", body, verbose)
+
+
+# ----------------------------------------------------------------------------------------
 # finding the learner's objects by name (for grading scripts and the exercise tests)
 
 _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
@@ -1552,8 +1693,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     defined in ``module`` count (``"__main__"`` in a notebook; None: any). Names:
     ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes; functions named
-    ``*positional*``/``*sinusoid*``, ``*attention*`` and ``*mask*`` (padding, look-ahead,
-    decoder, cross: all mask functions go to one :func:`check_masks`).
+    ``*positional*``/``*sinusoid*``, ``*attention*``, ``*train_step*`` and ``*mask*``
+    (padding, look-ahead, decoder, cross: all mask functions go to one :func:`check_masks`).
     """
     found, masks = [], {}
     for name, obj in namespace.items():
@@ -1577,6 +1718,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                               _bind(check_positional_encoding, obj)))
             elif "attention" in key:
                 found.append((f"check_attention({name})", _bind(check_attention, obj)))
+            elif "trainstep" in key:
+                found.append((f"check_train_step({name})", _bind(check_train_step, obj)))
     if masks:
         label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
 

@@ -7,8 +7,9 @@ minute on 2 CPU cores) and saves it. The file name holds a hash of the recipe,
 so changing the recipe retrains instead of loading stale weights.
 
 Training always runs on the CPU, whatever ``device`` asks for: the CPU result is
-the same on every run of a machine, so the notebooks that use it print the same
-predictions. The model is then moved to ``device``.
+the same on every run of a machine (for a given torch thread count), so the
+notebooks that use it print the same predictions. The model is then moved to
+``device``.
 """
 from __future__ import annotations
 
@@ -26,13 +27,18 @@ from .training import load_checkpoint, noam_scheduler, paper_adam, save_checkpoi
 #: Everything that decides the trained weights. Bump ``version`` when code that
 #: the recipe does not name changes the result.
 DATES_RECIPE = {
-    "version": 1,
-    "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_layers": 2, "dropout": 0.1},
+    "version": 2,
+    # Pre-LN (norm_first): at this size and step budget it reached higher exact match
+    # than Post-LN in our runs. No dropout: every batch is fresh data, and train and
+    # test accuracy stay equal (notebook 08).
+    "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_layers": 2, "dropout": 0.0,
+              "norm_first": True},
     "seed": 0,
-    "steps": 600,
+    "steps": 700,
     "batch_size": 128,
-    "warmup": 200,
-    "factor": 1.0,
+    "bucket": 1,
+    "warmup": 50,
+    "factor": 0.3,
     "label_smoothing": 0.1,
     "clip_norm": 1.0,
     "split_seed": 0,
@@ -81,7 +87,7 @@ def train_dates_model(recipe: dict = DATES_RECIPE, *, progress: bool = False):
     scheduler = noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"])
     pairs = DatePairs(recipe["test_fraction"], recipe["split_seed"])
     batches = date_batches(recipe["steps"], recipe["batch_size"], seed=recipe["seed"],
-                           pairs=pairs)
+                           pairs=pairs, bucket=recipe["bucket"])
     history = train(model, batches, optimizer, scheduler,
                     label_smoothing=recipe["label_smoothing"], clip_norm=recipe["clip_norm"],
                     progress=progress, total=recipe["steps"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -133,10 +134,11 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     criterion = nn.CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)
     history = History() if history is None else history
     bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    if progress:  # a plain-text bar: it looks the same live, in a saved notebook and in a log
+        from tqdm import tqdm
 
-        bar = tqdm(total=total, desc="train", unit="step")
+        bar = tqdm(total=total, desc="train", unit="step", file=sys.stdout, mininterval=1.0,
+                   ascii=True)
     start = time.perf_counter()
     try:
         for batch in batches:
@@ -146,7 +148,8 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
                 getattr(history, key).append(value)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{out['loss']:.3f}", acc=f"{out['accuracy']:.3f}")
+                bar.set_postfix(loss=f"{out['loss']:.3f}", acc=f"{out['accuracy']:.3f}",
+                                refresh=False)
     finally:
         if bar is not None:
             bar.close()
