@@ -24,7 +24,7 @@ test: setup
 
 # Every solved notebook run in JupyterLab in headless Chromium (Debian's chromium).
 test-browser: setup
-	$(BIN)/python -m pytest -p no:nbval tests_browser -v
+	$(BIN)/python -m pytest -p no:nbval tests_browser -v --durations=0
 
 # Student copies of the notebooks, generated from the solution regions.
 exercises: setup
