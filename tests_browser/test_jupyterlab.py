@@ -32,10 +32,25 @@ CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-ru
 RUN_TIMEOUT_MS = int(os.environ.get("TX_BROWSER_TIMEOUT_MS", "300000"))
 STALL_MS = 20_000  # kernel idle this long while Run All has not finished: a lost message
 
-RUN_ALL_JS = """
-async ([timeoutMs, stallMs, restart]) => {
+# The notebook panel open on `path`. Not simply shell.currentWidget: a page may also restore
+# notebooks opened by an earlier page, and Run All must run the one under test.
+FIND_PANEL_JS = """
+(path) => {
   const app = window.jupyterapp;
-  const panel = app.shell.currentWidget;
+  if (!app) return null;
+  for (const w of app.shell.widgets('main')) {
+    if (w.context && w.context.path === path && w.sessionContext) return w;
+  }
+  return null;
+}
+"""
+
+RUN_ALL_JS = """
+async ([path, timeoutMs, stallMs, restart]) => {
+  const app = window.jupyterapp;
+  const panel = (""" + FIND_PANEL_JS + """)(path);
+  app.shell.activateById(panel.id);  // Run All acts on the current notebook
+  if (app.shell.currentWidget !== panel) throw new Error('could not focus ' + path);
   const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
   await panel.context.ready;
   await panel.sessionContext.ready;
@@ -48,6 +63,7 @@ async ([timeoutMs, stallMs, restart]) => {
   // Never hang: give up after the timeout, or when the kernel sits idle while cells are
   // still queued (an execution reply lost between the kernel and the page).
   let done = false;
+  const began = Date.now();
   app.commands.execute('notebook:run-all-cells').then(() => { done = true; });
   let outcome = 'timeout', idleSince = null;
   for (const t0 = Date.now(); Date.now() - t0 < timeoutMs;) {
@@ -70,12 +86,13 @@ async ([timeoutMs, stallMs, restart]) => {
       errors: outputs.filter(o => o.output_type === 'error').map(o => o.ename + ': ' + o.evalue),
     });
   }
-  return {outcome: outcome, kernel: kernel.status, cells: out};
+  return {outcome: outcome, kernel: kernel.status, seconds: (Date.now() - began) / 1000,
+          cells: out};
 }
 """
 
 SHUTDOWN_JS = """
-async () => { await window.jupyterapp.shell.currentWidget.sessionContext.shutdown(); }
+async (path) => { await (""" + FIND_PANEL_JS + """)(path).sessionContext.shutdown(); }
 """
 
 LAST_IMAGE_JS = """
@@ -156,19 +173,20 @@ def _open(browser, lab, name):
     base, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(RUN_TIMEOUT_MS)
-    page.goto(f"{base}/lab/tree/{name}?token={token}")
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext")
+    page.goto(f"{base}/lab/tree/{name}?reset&token={token}")  # reset: a fresh workspace
+    page.wait_for_function(f"() => ({FIND_PANEL_JS})({json.dumps(name)}) !== null")
     return page
 
 
 def _run_all(page, name):
     """Run All; after a stall or a timeout, restart the kernel and run once more."""
-    run = page.evaluate(RUN_ALL_JS, [RUN_TIMEOUT_MS, STALL_MS, False])
+    run = page.evaluate(RUN_ALL_JS, [name, RUN_TIMEOUT_MS, STALL_MS, False])
+    if os.environ.get("TX_BROWSER_DEBUG"):
+        print(name, run["outcome"], run["kernel"], run["seconds"],
+              [(c["index"], c["count"]) for c in run["cells"]])
     if run["outcome"] != "finished":
         first = run["outcome"]
-        run = page.evaluate(RUN_ALL_JS, [RUN_TIMEOUT_MS, STALL_MS, True])
+        run = page.evaluate(RUN_ALL_JS, [name, RUN_TIMEOUT_MS, STALL_MS, True])
         if run["outcome"] == "finished":
             warnings.warn(f"{name}: Run All {first} once, then finished after a kernel restart",
                           stacklevel=1)
@@ -182,9 +200,9 @@ def _run_all(page, name):
     return cells
 
 
-def _close(page):
+def _close(page, name):
     try:
-        page.evaluate(SHUTDOWN_JS)  # one kernel at a time: earlier kernels do not linger
+        page.evaluate(SHUTDOWN_JS, name)  # one kernel at a time: earlier kernels do not linger
     finally:
         page.close()
 
@@ -195,9 +213,13 @@ def test_notebook_runs_in_jupyterlab(browser, lab, notebook):
     try:
         cells = _run_all(page, notebook.name)
     finally:
-        _close(page)
-    not_run = [c["index"] for c in cells if c["count"] is None]
-    assert not not_run, f"{notebook.name}: cells never ran: {not_run}"
+        _close(page, notebook.name)
+    # Run All on a fresh kernel numbers the code cells 1, 2, 3, ... in order; a count kept from
+    # the saved file, or a gap, means a cell did not run here.
+    counts = [c["count"] for c in cells]
+    assert counts == list(range(1, len(cells) + 1)), (
+        f"{notebook.name}: execution counts are not 1..{len(cells)} in order: "
+        f"{[(c['index'], c['count']) for c in cells]}")
     errors = [(c["index"], c["errors"]) for c in cells
               if c["errors"] and "raises-exception" not in c["tags"]]
     assert not errors, f"{notebook.name}: error outputs in the browser: {errors}"
@@ -226,4 +248,4 @@ def test_widget_slider_redraws_figure(browser, lab):
             " return now && now !== src; }",
             arg=[cell_el, before])
     finally:
-        _close(page)
+        _close(page, with_widgets[0].name)
