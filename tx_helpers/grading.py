@@ -1570,6 +1570,11 @@ def _step_batches(n_steps: int, gen) -> list:
     return batches
 
 
+def _number(x) -> float:
+    """A float from a Python number or a one-element tensor (which may require grad)."""
+    return x.item() if isinstance(x, torch.Tensor) else float(x)
+
+
 def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
     """Check ``fn(model, batch, optimizer, scheduler, criterion, clip_norm=1.0)``, one training
     step returning ``(loss, grad_norm before clipping)``, against :func:`tx_helpers.train_step`.
@@ -1633,12 +1638,9 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
                 report.mistake("no_update")
                 raise _Failed
             pairs = [r for r in returned if isinstance(r, (tuple, list)) and len(r) == 2]
-            def number(x):
-                return x.item() if isinstance(x, torch.Tensor) else float(x)
-
             try:
-                losses = torch.tensor([number(r[0]) for r in pairs])
-                norms = torch.tensor([number(r[1]) for r in pairs])
+                losses = torch.tensor([_number(r[0]) for r in pairs])
+                norms = torch.tensor([_number(r[1]) for r in pairs])
             except (TypeError, ValueError, RuntimeError):
                 pairs = []
             if report.probe(len(pairs) == n_steps, "returns (loss, grad_norm) as numbers"):
