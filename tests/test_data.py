@@ -96,7 +96,7 @@ def test_batch_shift_padding_and_specials():
     assert b.src[1, 8:].tolist() == [v.pad_idx] * 3  # shorter source is right-padded
     assert (b.tgt_in[:, 0] == v.bos_idx).all() and (b.tgt_out[:, -1] == v.eos_idx).all()
     assert torch.equal(b.tgt_in[:, 1:], b.tgt_out[:, :-1])  # shifted by one
-    assert b.n_tokens == 22
+    assert int((b.tgt_out != v.pad_idx).sum()) == 22  # 2 x (10 characters + <eos>), no pad
     src, tgt_in, tgt_out = b  # unpacks like a tuple
     assert v.decode(tgt_out[0]) == "2026-11-30"
     batches = list(date_batches(3, 8, seed=1))

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import inspect
 import itertools
 import json
 import math
@@ -523,12 +522,8 @@ def bench_dates(s: dict) -> dict:
     optimizer = paper_adam(model.parameters())
     scheduler = noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"])
     pairs = DatePairs(recipe["test_fraction"], recipe["split_seed"])
-    # Keys that newer recipes add and date_batches takes (e.g. "bucket") are passed on.
-    accepted = set(inspect.signature(date_batches).parameters) - {
-        "n_batches", "batch_size", "seed", "device", "pairs"}
-    extra = {k: v for k, v in recipe.items() if k in accepted}
     batches = date_batches(recipe["steps"], recipe["batch_size"], seed=recipe["seed"],
-                           pairs=pairs, **extra)
+                           pairs=pairs, bucket=recipe["bucket"])
     held_out = pairs.sample(s["dates_eval_n"], "test", seed=2024)
     history = History()
     trained_s, done, curve, reached = 0.0, 0, [], None

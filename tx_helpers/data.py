@@ -195,11 +195,6 @@ class Batch(NamedTuple):
     def to(self, device) -> "Batch":
         return Batch(*(t.to(device) for t in self))
 
-    @property
-    def n_tokens(self) -> int:
-        """Labels that count in the loss (not padding)."""
-        return int((self.tgt_out != DATE_VOCAB.pad_idx).sum())
-
 
 def pad_sequences(seqs: list[list[int]], pad_idx: int) -> torch.Tensor:
     """Right-pad lists of ids to one length: (N, max_len) long tensor."""
