@@ -1,0 +1,152 @@
+"""Check: scaled dot-product attention."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .compare import (
+    _as_output,
+    _both_kinds_mask,
+    _compare,
+    _deterministic,
+    _diagnose,
+)
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+_NEG = torch.finfo(torch.float32).min
+
+
+def _attention_variant(q, k, v, mask, scale=None, axis=-1, masking=None, values="v",
+                       d_model=None):
+    d_k = q.size(-1)
+    s = q @ k.transpose(-2, -1)
+    divisor = {None: math.sqrt(d_k), "none": 1.0, "d_k": d_k,
+               "d_model": math.sqrt(d_model or d_k)}[scale]
+    s = s / divisor
+    if mask is not None:
+        if masking is None or masking == "after":
+            s = s.masked_fill(mask, _NEG) if masking is None else s
+        elif masking == "inverted":
+            s = s.masked_fill(~mask, _NEG)
+        elif masking == "zero":
+            s = s.masked_fill(mask, 0.0)
+    w = torch.softmax(s, dim=axis)
+    if mask is not None and masking == "after":
+        w = w.masked_fill(mask, 0.0)
+    return w @ (k if values == "k" else v)
+
+
+def _attention_axes(masked: bool, d_model: int | None = None, ndim: int = 4):
+    axes = {
+        "scale": [None, ("no_scaling", "none"), ("scale_d_k", "d_k")],
+        "axis": [-1] + [("softmax_wrong_axis", a) for a in range(-2, -ndim - 1, -1)],
+        "values": ["v", ("weights_times_k", "k")],
+    }
+    if d_model is not None:
+        axes["scale"].append(("scale_sqrt_d_model", "d_model"))
+    if masked:
+        axes["masking"] = [None, ("mask_inverted", "inverted"), ("mask_ignored", "ignored"),
+                           ("mask_fill_zero", "zero"), ("mask_after_softmax", "after")]
+    return axes
+
+
+_ATTN_SHAPES = ("q, k: (N, H, L_q, d_k) and (N, H, L_k, d_k); scores q @ k.transpose(-2, -1): "
+                "(N, H, L_q, L_k); mask broadcasts to the scores; output (N, H, L_q, d_v)")
+
+
+def check_attention(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(q, k, v, mask=None) -> output`` or ``(output, weights)``.
+
+    q (N, H, L_q, d_k), k (N, H, L_k, d_k), v (N, H, L_k, d_v); ``mask`` is bool,
+    True = do not attend, broadcastable to (N, H, L_q, L_k). Reference:
+    :func:`tx_helpers.scaled_dot_product_attention`.
+    """
+    def body(report: _Report):
+        gen = torch.Generator().manual_seed(2)
+        n, h, l_q, l_k, d_k, d_v = 2, 3, 5, 6, 64, 8
+        q = torch.randn(n, h, l_q, d_k, generator=gen)
+        k = torch.randn(n, h, l_k, d_k, generator=gen)
+        v = torch.randn(n, h, l_k, d_v, generator=gen)
+        if isinstance(fn, type):
+            report.note("check_attention expects a function; for a module use "
+                        "check_multi_head_attention")
+
+        def run(mask=None):
+            args = (q.clone(), k.clone(), v.clone()) + (() if mask is None else (mask,))
+            what = "fn(q, k, v)" if mask is None else "fn(q, k, v, mask)"
+            return _call(report, what, fn, *args, shape_hint=_ATTN_SHAPES)
+
+        raw = run()
+        out = _as_output(report, raw)
+        _deterministic(report, run, out)
+        ref, ref_w = _scaled_reference(q, k, v, None)
+        shape_ok = report.probe(tuple(out.shape) == tuple(ref.shape),
+                                f"output shape (N, H, L_q, d_v) = {tuple(ref.shape)}"
+                                + ("" if tuple(out.shape) == tuple(ref.shape)
+                                   else f" (got {tuple(out.shape)})"))
+        axes = _attention_axes(False)
+        if not shape_ok:
+            _diagnose(report, out, axes, lambda **kw: _attention_variant(q, k, v, None, **kw),
+                      ref)
+            report.mistake("wrong_output_shape", f"expected {tuple(ref.shape)}", _ATTN_SHAPES)
+            raise _Failed
+        ok = _compare(report, "values without a mask match softmax(q k^T / sqrt(d_k)) v", out,
+                      ref, axes, lambda **kw: _attention_variant(q, k, v, None, **kw))
+        if isinstance(raw, (tuple, list)) and len(raw) > 1 and isinstance(raw[1], torch.Tensor):
+            w = raw[1]
+            if tuple(w.shape) == tuple(ref_w.shape):
+                if ok:
+                    _compare(report, "returned weights match (N, H, L_q, L_k), rows sum to 1",
+                             w, ref_w)
+            else:
+                report.note(f"the second returned value has shape {tuple(w.shape)}; the "
+                            f"weights would be (N, H, L_q, L_k) = {tuple(ref_w.shape)}")
+        if not ok:
+            _scale_probe(report, fn)
+        mask = _both_kinds_mask((n, 1, l_q, l_k), gen)
+        out_m = _as_output(report, run(mask))
+        ref_m, _ = _scaled_reference(q, k, v, mask)
+        _compare(report, "with a mask (bool, True = do not attend) the masked keys get no "
+                 "weight", out_m, ref_m, _attention_axes(True),
+                 lambda **kw: _attention_variant(q, k, v, mask, **kw))
+
+    return _run_check("check_attention", body, verbose, fn)
+
+
+def _scaled_reference(q, k, v, mask):
+    from ..attention import scaled_dot_product_attention
+
+    return scaled_dot_product_attention(q, k, v, mask)
+
+
+def _scale_probe(report: _Report, fn) -> None:
+    """Two keys, one query: the output weight on key 1 reveals the scale the learner used."""
+    d_k = 64
+    q = torch.zeros(1, 1, 1, d_k)
+    q[..., 0] = 4.0
+    k = torch.zeros(1, 1, 2, d_k)
+    k[..., 1, 0] = 1.0  # q.k0 = 0, q.k1 = 4
+    v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+    try:
+        out = fn(q, k, v)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        p = float(out.reshape(-1)[0])
+    except Exception:  # noqa: BLE001 - the main probes already reported it
+        return
+    if not 0.0 < p < 1.0:
+        return
+    scale = math.log(p / (1 - p)) / 4.0  # sigmoid(scale * 4) = p
+    if scale <= 0:
+        return
+    divisor = 1.0 / scale
+    if abs(divisor - math.sqrt(d_k)) / math.sqrt(d_k) < 0.02:
+        return
+    if abs(divisor - 1.0) < 0.02:
+        report.mistake("no_scaling")
+    elif abs(divisor - d_k) / d_k < 0.02:
+        report.mistake("scale_d_k")
+    else:
+        report.mistake("scale_other", f"with d_k={d_k} your code divides the scores by about "
+                       f"{divisor:.3g} = sqrt({divisor ** 2:.4g}) instead of sqrt(d_k) = "
+                       f"{math.sqrt(d_k):.3g}; a hard-coded d_model?")

@@ -1,0 +1,149 @@
+"""Comparing a learner's output with the reference and with known wrong variants."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from .report import _call, _Failed, _Report
+
+ATOL = 1e-4
+RTOL = 1e-3
+_MAX_COMBINED = 2  # wrong variants are tried alone and in pairs
+
+
+
+def _as_output(report: _Report, out, what: str = "output"):
+    """Accept a tensor or an (output, weights) tuple; anything else fails the probe."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        report.probe(False, f"{what} is a torch.Tensor (got {type(out).__name__})")
+        report.mistake("wrong_output_type")
+        raise _Failed
+    return out
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().double() - b.detach().double()).abs().max()) if a.numel() else 0.0
+
+
+def _close(a, b, atol: float = ATOL) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+            and bool(torch.isfinite(a).all())
+            and torch.allclose(a.detach().double(), b.detach().double(), atol=atol, rtol=RTOL))
+
+
+def _variants(axes: dict[str, list], fn, max_mistakes: int = _MAX_COMBINED):
+    """Yield (mistake keys, output) for wrong combinations, fewest mistakes first.
+
+    ``axes`` maps an argument of ``fn`` to its options; the first option of each
+    axis is the correct one. Each wrong option is ``(mistake_key, value)``.
+    """
+    names = list(axes)
+    wrong = {n: axes[n][1:] for n in names}
+    for count in range(1, max_mistakes + 1):
+        for chosen in itertools.combinations(names, count):
+            for opts in itertools.product(*(wrong[n] for n in chosen)):
+                kwargs = {n: axes[n][0] for n in names}
+                kwargs.update({n: o[1] for n, o in zip(chosen, opts, strict=True)})
+                try:
+                    out = fn(**kwargs)
+                except Exception:  # noqa: BLE001 - a variant may not fit these shapes
+                    continue
+                yield tuple(dict.fromkeys(o[0] for o in opts)), out
+
+
+def _diagnose(report: _Report, out, axes, fn, expected, loose=None) -> bool:
+    """Name the first variant ``out`` matches; else report a plain mismatch. Returns matched.
+
+    ``loose`` (a slicing function) compares only that part, with a looser tolerance: for
+    tables whose far entries are sines of huge angles, where float32 rounding differs.
+    """
+    for keys, variant in _variants(axes, fn):
+        if (_close(loose(out), loose(variant), atol=5e-3) if loose is not None
+                and isinstance(out, torch.Tensor) and out.shape == variant.shape
+                else _close(out, variant)):
+            for key in keys:
+                report.mistake(key)
+            return True
+    if isinstance(out, torch.Tensor) and out.shape == expected.shape:
+        if not bool(torch.isfinite(out).all()):
+            report.mistake("nan_output")
+        else:
+            report.mistake("mismatch", f"max abs diff {_max_diff(out, expected):.4g}")
+    return False
+
+
+def _compare(report: _Report, what: str, out, expected, axes=None, fn=None, loose=None) -> bool:
+    """Probe shape, then values; on a value mismatch try to name the mistake."""
+    if tuple(out.shape) != tuple(expected.shape):
+        report.probe(False, f"{what}: shape {tuple(out.shape)}, expected "
+                     f"{tuple(expected.shape)}")
+        if axes is not None and _diagnose(report, out, axes, fn, expected, loose):
+            return False
+        report.mistake("wrong_output_shape", f"got {tuple(out.shape)}, expected "
+                       f"{tuple(expected.shape)}")
+        return False
+    if _close(out, expected):
+        return report.probe(True, what)
+    report.probe(False, f"{what} (max abs diff {_max_diff(out, expected):.3g})")
+    if axes is not None:
+        _diagnose(report, out, axes, fn, expected, loose)
+    elif not bool(torch.isfinite(out).all()):
+        report.mistake("nan_output")
+    else:
+        report.mistake("mismatch", f"max abs diff {_max_diff(out, expected):.4g}")
+    return False
+
+
+def _both_kinds_mask(shape, gen) -> torch.Tensor:
+    """A random bool mask where every row and every column has both True and False."""
+    while True:
+        m = torch.rand(shape, generator=gen) < 0.4
+        rows_ok = m.any(-1).all() and (~m).any(-1).all()
+        cols_ok = m.any(-2).all() and (~m).any(-2).all()
+        if rows_ok and cols_ok:
+            return m
+
+
+def _instantiate(report: _Report, cls, args: tuple, signature: str):
+    if isinstance(cls, nn.Module):
+        report.probe(False, f"got an instance of {type(cls).__name__}, expected the class")
+        report.mistake("not_a_class")
+        raise _Failed
+    module = _call(report, f"{signature}", cls, *args)
+    if not isinstance(module, nn.Module):
+        report.probe(False, f"{signature} builds an nn.Module (got {type(module).__name__})")
+        raise _Failed
+    report.probe(True, f"{signature} builds an nn.Module")
+    module.eval()
+    return module
+
+
+def _randomize_norms(module: nn.Module, gen) -> None:
+    """LayerNorms start as the identity; random gains tell norm1 from norm2 in the probes."""
+    for m in module.modules():
+        if isinstance(m, nn.LayerNorm) and m.weight is not None:
+            m.weight.copy_(1.0 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+            m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
+
+
+def _deterministic(report: _Report, run, first: torch.Tensor) -> None:
+    """A second identical call must give the same numbers; otherwise nothing can be compared."""
+    try:
+        second = run()
+    except Exception:  # noqa: BLE001 - the first call worked; the probes report the rest
+        return
+    second = second[0] if isinstance(second, (tuple, list)) and second else second
+    if not isinstance(second, torch.Tensor) or first.shape != second.shape:
+        return
+    same_nans = torch.equal(first.isnan(), second.isnan())
+    if same_nans and _close(first.nan_to_num(), second.nan_to_num()):
+        return
+    report.probe(False, "two identical calls in eval mode give the same output")
+    report.mistake("dropout_in_eval")
+    raise _Failed
+
+

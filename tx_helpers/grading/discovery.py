@@ -1,0 +1,94 @@
+"""Finding the learner's classes and functions by name and pairing them with checks."""
+from __future__ import annotations
+
+from torch import nn
+
+from .attention import check_attention
+from .feed_forward import check_feed_forward
+from .layers import check_decoder_layer, check_encoder_layer
+from .masks import check_masks
+from .model import check_transformer
+from .multi_head import check_multi_head_attention
+from .positional import check_positional_encoding
+from .report import CheckResult
+from .training import check_train_step
+
+_CLASS_RULES = (  # (substring of the lower-case name without "_", check)
+    ("decoderlayer", check_decoder_layer),
+    ("encoderlayer", check_encoder_layer),
+    ("multihead", check_multi_head_attention),
+    ("mha", check_multi_head_attention),
+    ("feedforward", check_feed_forward),
+    ("ffn", check_feed_forward),
+    ("positional", check_positional_encoding),
+)
+_MASK_RULES = (  # function name substrings -> check_masks keyword
+    ("cross", "cross_fn"),
+    ("decoder", "decoder_fn"),
+    ("tgt", "decoder_fn"),
+    ("lookahead", "lookahead_fn"),
+    ("causal", "lookahead_fn"),
+    ("subsequent", "lookahead_fn"),
+    ("padding", "padding_fn"),
+    ("pad", "padding_fn"),
+)
+
+
+def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[str, object]]:
+    """Pair the learner's classes and functions in ``namespace`` with checks, by name.
+
+    Returns ``[(label, run)]`` where ``run(verbose=True)`` runs the check. Only objects
+    defined in ``module`` count (``"__main__"`` in a notebook; None: any). Names:
+    ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
+    ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes; functions named
+    ``*positional*``/``*sinusoid*``, ``*attention*``, ``*train_step*`` and ``*mask*``
+    (padding, look-ahead, decoder, cross: all mask functions go to one :func:`check_masks`).
+    """
+    found, masks = [], {}
+    for name, obj in namespace.items():
+        if name.startswith("_") or (module is not None
+                                    and getattr(obj, "__module__", None) != module):
+            continue
+        key = name.lower().replace("_", "")
+        if isinstance(obj, type) and issubclass(obj, nn.Module):
+            check = next((c for sub, c in _CLASS_RULES if sub in key), None)
+            if check is None and key.endswith("transformer"):
+                check = check_transformer
+            if check is not None:
+                found.append((f"{check.__name__}({name})", _bind(check, obj)))
+        elif callable(obj) and not isinstance(obj, type):
+            if "mask" in key:
+                kw = next((k for sub, k in _MASK_RULES if sub in key), None)
+                if kw is not None and kw not in masks:
+                    masks[kw] = obj
+            elif "positional" in key or "sinusoid" in key:
+                found.append((f"check_positional_encoding({name})",
+                              _bind(check_positional_encoding, obj)))
+            elif "attention" in key:
+                found.append((f"check_attention({name})", _bind(check_attention, obj)))
+            elif "trainstep" in key:
+                found.append((f"check_train_step({name})", _bind(check_train_step, obj)))
+    if masks:
+        label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
+
+        def run_masks(verbose=True, masks=masks):
+            return check_masks(**masks, verbose=verbose)
+
+        found.append((f"check_masks({label})", run_masks))
+    return found
+
+
+def _bind(check, obj):
+    def run(verbose=True):
+        return check(obj, verbose=verbose)
+    return run
+
+
+def check_namespace(namespace: dict, module: str | None = "__main__",
+                    verbose: bool = True) -> list[CheckResult]:
+    """Run every check :func:`find_checks` pairs with the objects in ``namespace``.
+
+    In a notebook: ``tx.grading.check_namespace(globals())``.
+    """
+    return [run(verbose=verbose) for _, run in find_checks(namespace, module)]
+

@@ -1,0 +1,197 @@
+"""Checks: the encoder layer and the decoder layer (Post-LN or Pre-LN)."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..layers import DecoderLayer, EncoderLayer
+from ..masks import decoder_self_mask
+from .compare import (
+    _as_output,
+    _close,
+    _compare,
+    _deterministic,
+    _instantiate,
+    _randomize_norms,
+)
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+from .weights import copy_reference
+
+
+def _sublayers(x, steps, order, residual):
+    """Run (fn, norm) steps with one residual/LayerNorm arrangement."""
+    for i, (fn, norm) in enumerate(steps):
+        keep = 0 if residual in ("all", i) else x
+        if order == "post":
+            x = norm(keep + fn(x))
+        elif order == "pre":
+            x = keep + fn(norm(x))
+        else:  # norm of the sublayer output, then the add
+            x = keep + norm(fn(x))
+    return x
+
+
+def _layer_axes(norm_first: bool, n_sub: int):
+    right, wrong = ("pre", "post") if norm_first else ("post", "pre")
+    wrong_key = "post_ln_instead_of_pre_ln" if norm_first else "pre_ln_instead_of_post_ln"
+    return {
+        "order": [right, (wrong_key, wrong), ("norm_before_residual_add", "norm_before_add")],
+        "residual": [None, ("missing_residual", "all")]
+        + [("missing_residual", i) for i in range(n_sub)],
+        "norms": [None] + [("norms_mixed_up", p) for p in
+                           itertools.permutations(range(n_sub)) if list(p) != list(range(n_sub))]
+        + [("norms_mixed_up", (0,) * n_sub)],
+        "swap": [False, ("sublayers_out_of_order", True)],
+    }
+
+
+def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, what,
+                  shape_hint="", swapped=None):
+    try:
+        out = _as_output(report, _call(report, what, run_mine, module, shape_hint=shape_hint))
+    except _Failed:
+        if swapped is not None:
+            try:
+                if _close(_as_output(report, swapped(module)), run_ref()):
+                    report.mistake("masks_swapped")
+            except Exception:  # noqa: BLE001 - the first error is already reported
+                pass
+        raise
+    _deterministic(report, lambda: run_mine(module), out)
+    if _compare(report, f"{what} matches the reference", out, run_ref(), axes, variant):
+        return
+    for name, call in subs:
+        mine = getattr(module, name, None)
+        if mine is None:
+            continue
+        try:
+            got = _as_output(report, call(mine))
+        except Exception:  # noqa: BLE001 - reported as a submodule difference below
+            got = None
+        if not _close(got, call(getattr(ref, name))):
+            report.mistake("submodule_differs", f"self.{name} alone gives other numbers than "
+                           f"the reference", f"run the check for {name} first "
+                           f"(check_multi_head_attention / check_feed_forward)")
+
+
+_LAYER_SHAPES = ("x (N, L_tgt, d_model), memory (N, L_src, d_model); self-attention gets "
+                 "tgt_mask (N, L_tgt, L_tgt) (encoder: mask (N, 1, L)), cross-attention gets "
+                 "memory_mask (N, 1, L_src) with queries from x and keys/values from memory")
+
+
+def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) -> CheckResult:
+    """Check ``cls(d_model, n_heads, d_ff, dropout)`` with self_attn (w_q..w_o), feed_forward
+    (linear1, linear2), norm1, norm2 and ``forward(x, mask=None)``.
+
+    The reference is :class:`tx_helpers.EncoderLayer` in Post-LN order (the paper); pass
+    ``norm_first=True`` when the exercise asks for Pre-LN.
+    """
+    d_model, n_heads, d_ff = 32, 4, 64
+
+    def body(report: _Report):
+        module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
+                              f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
+                              f"dropout=0.1)")
+        torch.manual_seed(7)
+        gen = torch.Generator().manual_seed(8)
+        ref = EncoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()
+        _randomize_norms(ref, gen)
+        x = torch.randn(2, 6, d_model, generator=gen)
+        mask = torch.zeros(2, 1, 6, dtype=torch.bool)
+        mask[0, 0, -2:] = True
+        copy_reference(report, module, ref, warmup=lambda m: m(x))
+
+        for m, label in ((None, "forward(x)"), (mask, "forward(x, mask (N, 1, L))")):
+            def variant(order, residual, norms, swap, masking=None, m=m):
+                mm = None if masking else m
+                norm_mods = [ref.norm1, ref.norm2]
+                if norms is not None:
+                    norm_mods = [norm_mods[i] for i in norms]
+                fns = [lambda h: ref.self_attn(h, h, h, mm), ref.feed_forward]
+                if swap:
+                    fns = fns[::-1]
+                return _sublayers(x, list(zip(fns, norm_mods, strict=True)), order, residual)
+
+            axes = _layer_axes(norm_first, 2)
+            if m is not None:
+                axes["masking"] = [None, ("mask_not_passed", "dropped")]
+            args = (x.clone(),) if m is None else (x.clone(), m)
+            _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
+                          lambda m=m: ref(x, m), variant, axes,
+                          [("self_attn", lambda s, m=m: s(x, x, x, m)),
+                           ("feed_forward", lambda f: f(x))], label, _LAYER_SHAPES)
+
+    return _run_check("check_encoder_layer", body, verbose, cls)
+
+
+def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) -> CheckResult:
+    """Check ``cls(d_model, n_heads, d_ff, dropout)`` with self_attn, cross_attn, feed_forward,
+    norm1..norm3 and ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
+
+    The reference is :class:`tx_helpers.DecoderLayer` (Post-LN unless ``norm_first=True``).
+    """
+    d_model, n_heads, d_ff = 32, 4, 64
+
+    def body(report: _Report):
+        module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
+                              f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
+                              f"dropout=0.1)")
+        torch.manual_seed(9)
+        gen = torch.Generator().manual_seed(10)
+        ref = DecoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()
+        _randomize_norms(ref, gen)
+        n, l_tgt, l_src = 2, 5, 7
+        x = torch.randn(n, l_tgt, d_model, generator=gen)
+        memory = torch.randn(n, l_src, d_model, generator=gen)
+        copy_reference(report, module, ref, warmup=lambda m: m(x, memory))
+        tgt = torch.tensor([[2, 5, 6, 7, 1], [2, 3, 1, 1, 1]])
+        tgt_mask = decoder_self_mask(tgt, 1)  # (N, L_tgt, L_tgt)
+        mem_mask = torch.zeros(n, 1, l_src, dtype=torch.bool)
+        mem_mask[0, 0, -3:] = True
+
+        cases = ((None, None, "forward(x, memory)"),
+                 (tgt_mask, mem_mask, "forward(x, memory, tgt_mask (N, L_tgt, L_tgt), "
+                                      "memory_mask (N, 1, L_src))"))
+        for t_m, m_m, label in cases:
+            def variant(order, residual, norms, swap, masking=None, cross=None, t_m=t_m,
+                        m_m=m_m):
+                tm = None if masking in ("tgt", "both") else t_m
+                mm = None if masking in ("memory", "both") else m_m
+                norm_mods = [ref.norm1, ref.norm2, ref.norm3]
+                if norms is not None:
+                    norm_mods = [norm_mods[i] for i in norms]
+                if cross == "on_x":
+                    def ca(h):
+                        return ref.cross_attn(h, h, h, tm)
+                elif cross == "self":
+                    def ca(h):
+                        return ref.self_attn(h, memory, memory, mm)
+                else:
+                    def ca(h):
+                        return ref.cross_attn(h, memory, memory, mm)
+                fns = [lambda h: ref.self_attn(h, h, h, tm), ca, ref.feed_forward]
+                if swap:
+                    fns = [fns[1], fns[0], fns[2]]
+                return _sublayers(x, list(zip(fns, norm_mods, strict=True)), order, residual)
+
+            axes = _layer_axes(norm_first, 3)
+            axes["cross"] = [None, ("cross_attn_on_x", "on_x"),
+                             ("self_attn_reused_for_cross", "self")]
+            if t_m is not None:
+                axes["masking"] = [None, ("tgt_mask_not_passed", "tgt"),
+                                   ("memory_mask_not_passed", "memory")]
+            args = (x.clone(), memory.clone()) + (() if t_m is None else (t_m, m_m))
+            subs = [("self_attn", lambda s, t_m=t_m: s(x, x, x, t_m)),
+                    ("cross_attn", lambda s, m_m=m_m: s(x, memory, memory, m_m)),
+                    ("feed_forward", lambda f: f(x))]
+            swapped = None if t_m is None else (
+                lambda mod, t_m=t_m, m_m=m_m: mod(x.clone(), memory.clone(), m_m, t_m))
+            _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
+                          lambda t_m=t_m, m_m=m_m: ref(x, memory, t_m, m_m), variant, axes,
+                          subs, label, _LAYER_SHAPES, swapped)
+
+    return _run_check("check_decoder_layer", body, verbose, cls)
+
+
+

@@ -1,0 +1,135 @@
+"""Check: the whole Transformer."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import ModelConfig
+from ..masks import decoder_self_mask, padding_mask
+from ..model import Transformer
+from .compare import (
+    _as_output,
+    _close,
+    _compare,
+    _deterministic,
+    _instantiate,
+    _randomize_norms,
+)
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+from .weights import copy_reference
+
+
+def _transformer_variant(ref: Transformer, src, tgt, src_mask, tgt_mask, emb=None,
+                         final_norm=None, output=None, memory_mask=True):
+    d = ref.config.d_model
+    enc, dec = ref.encoder, ref.decoder
+    x = enc.embedding(src) * (1.0 if emb in ("both", "src") else math.sqrt(d))
+    x = enc.pos_encoding(x)
+    for layer in enc.layers:
+        x = layer(x, src_mask)
+    memory = x if final_norm in ("both", "enc") else enc.norm(x)
+    y = dec.embedding(tgt) * (1.0 if emb in ("both", "tgt") else math.sqrt(d))
+    y = dec.pos_encoding(y)
+    for layer in dec.layers:
+        y = layer(y, memory, tgt_mask, src_mask if memory_mask else None)
+    y = y if final_norm in ("both", "dec") else dec.norm(y)
+    logits = ref.generator(y)
+    if output == "softmax":
+        return torch.softmax(logits, -1)
+    if output == "log_softmax":
+        return torch.log_softmax(logits, -1)
+    return logits
+
+
+_TF_AXES = {
+    "emb": [None, ("embeddings_not_scaled", "both"), ("embeddings_not_scaled", "src"),
+            ("embeddings_not_scaled", "tgt")],
+    "final_norm": [None, ("no_final_norm", "both"), ("no_final_norm", "enc"),
+                   ("no_final_norm", "dec")],
+    "output": [None, ("returns_probabilities", "softmax"),
+               ("returns_probabilities", "log_softmax")],
+    "memory_mask": [True, ("memory_mask_not_passed", False)],
+}
+
+
+def check_transformer(cls, *, verbose: bool = True) -> CheckResult:
+    """Check ``cls(config: tx.ModelConfig)`` with encoder, decoder, generator (tx's submodule
+    names) and ``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits``.
+
+    The reference :class:`tx_helpers.Transformer` parameters are copied in by name
+    (load_state_dict, strict=False); positional-encoding buffers stay the learner's.
+    Masks are passed explicitly: src_mask (N, 1, L_src), tgt_mask (N, L_tgt, L_tgt).
+    """
+    config = ModelConfig(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64,
+                         n_layers=2, dropout=0.1, max_len=64, pad_idx=1)
+
+    def body(report: _Report):
+        module = _instantiate(report, cls, (config,), "cls(ModelConfig(src_vocab_size=23, "
+                              "tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64, n_layers=2))")
+        torch.manual_seed(11)
+        gen = torch.Generator().manual_seed(12)
+        ref = Transformer(config).eval()
+        _randomize_norms(ref, gen)
+        src = torch.tensor([[4, 9, 12, 7, 3, 1, 1], [5, 6, 22, 8, 10, 11, 2]])
+        tgt = torch.tensor([[2, 7, 3, 28, 1], [2, 4, 13, 9, 17]])
+        src_mask = padding_mask(src, 1)
+        tgt_mask = decoder_self_mask(tgt, 1)
+        copy_reference(report, module, ref, warmup=lambda m: m(src, tgt, src_mask, tgt_mask))
+
+        def run(s, t, sm, tm, what):
+            return _as_output(report, _call(
+                report, what, module, s.clone(), t.clone(), sm.clone(), tm.clone(),
+                shape_hint="src (N, L_src), tgt (N, L_tgt) token ids; src_mask (N, 1, L_src), "
+                "tgt_mask (N, L_tgt, L_tgt); logits (N, L_tgt, tgt_vocab_size)"))
+
+        what = "forward(src, tgt, src_mask, tgt_mask) with L_src=7, L_tgt=5"
+        out = run(src, tgt, src_mask, tgt_mask, what)
+        expected = ref(src, tgt, src_mask, tgt_mask)
+        if out.dim() == 3 and out.shape[-1] == config.d_model != config.tgt_vocab_size:
+            report.probe(False, f"logits shape (N, L_tgt, tgt_vocab_size) = "
+                         f"{tuple(expected.shape)} (got {tuple(out.shape)})")
+            report.mistake("no_generator")
+            raise _Failed
+
+        def variant(**kw):
+            return _transformer_variant(ref, src, tgt, src_mask, tgt_mask, **kw)
+
+        _deterministic(report, lambda: module(src, tgt, src_mask, tgt_mask), out)
+        if not _compare(report, f"logits {tuple(expected.shape)} match the reference", out,
+                        expected, _TF_AXES, variant):
+            _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask)
+        # the decoder must not see the future: change the last target token
+        tgt2 = tgt.clone()
+        tgt2[:, -1] = torch.tensor([20, 21])
+        out2 = run(src, tgt2, src_mask, decoder_self_mask(tgt2, 1),
+                   "forward with the last target token changed")
+        if not report.probe(_close(out[:, :-1], out2[:, :-1]), "changing the last target "
+                            "token leaves the earlier positions' logits unchanged"):
+            report.mistake("decoder_sees_future")
+        # masked source positions must not matter
+        src2 = src.clone()
+        src2[0, -2:] = torch.tensor([15, 16])
+        out3 = run(src2, tgt, src_mask, tgt_mask,
+                   "forward with different tokens under the source padding mask")
+        if not report.probe(_close(out, out3), "tokens under src_mask do not change the logits"):
+            report.mistake("source_padding_leaks")
+
+    return _run_check("check_transformer", body, verbose, cls)
+
+
+def _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask) -> None:
+    """Say whether the encoder alone already differs (when it can be called like tx's)."""
+    encoder = getattr(module, "encoder", None)
+    if encoder is None:
+        return
+    try:
+        mine = encoder(src, src_mask)
+    except Exception:  # noqa: BLE001 - a different encoder signature: nothing to say
+        return
+    if isinstance(mine, torch.Tensor) and not _close(mine, ref.encoder(src, src_mask)):
+        report.note("the encoder's output already differs from the reference encoder; "
+                    "check its embedding scaling, layers and final norm")
+
+
+

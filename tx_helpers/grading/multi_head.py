@@ -1,0 +1,154 @@
+"""Check: multi-head attention (w_q, w_k, w_v, w_o; any reasonable layout)."""
+from __future__ import annotations
+
+import torch
+
+from ..attention import MultiHeadAttention
+from .attention import _attention_variant
+from .compare import (
+    _as_output,
+    _both_kinds_mask,
+    _close,
+    _compare,
+    _deterministic,
+    _instantiate,
+)
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+from .weights import copy_reference
+
+
+def _mha_variant(ref: MultiHeadAttention, query, key, value, mask, scale=None, axis=-1,
+                 split=None, masking=None, out_proj=True):
+    n, l_q, d_model = query.shape
+    l_k = key.size(1)
+    h, d_k = ref.n_heads, ref.d_k
+
+    def split_(x, length):
+        if split == "nhld":  # view straight to (N, H, L, d_k)
+            return x.reshape(n, h, length, d_k)
+        if split == "nlhd":  # view to (N, L, H, d_k), no transpose: attention across heads
+            return x.reshape(n, length, h, d_k)
+        return x.view(n, length, h, d_k).transpose(1, 2)
+
+    q, k, v = split_(ref.w_q(query), l_q), split_(ref.w_k(key), l_k), split_(ref.w_v(value), l_k)
+    m = None
+    if mask is not None:
+        m = mask.unsqueeze(1) if mask.dim() == 3 else mask
+    ctx = _attention_variant(q, k, v, m, scale=scale, axis=axis, masking=masking,
+                             d_model=d_model)
+    if split in ("nhld", "merge_only", "nlhd"):
+        merged = ctx.reshape(n, l_q, d_model)
+    else:
+        merged = ctx.transpose(1, 2).reshape(n, l_q, d_model)
+    return ref.w_o(merged) if out_proj else merged
+
+
+def _mha_axes(masked: bool):
+    axes = {
+        "scale": [None, ("no_scaling", "none"), ("scale_sqrt_d_model", "d_model"),
+                  ("scale_d_k", "d_k")],
+        "axis": [-1, ("softmax_wrong_axis", -2), ("softmax_wrong_axis", 1)],
+        "split": [None, ("heads_view_without_transpose", "nhld"),
+                  ("heads_view_without_transpose", "nlhd"),
+                  ("heads_merge_without_transpose", "merge_only")],
+        "out_proj": [True, ("no_output_projection", False)],
+    }
+    if masked:
+        axes["masking"] = [None, ("mask_inverted", "inverted"), ("mask_ignored", "ignored"),
+                           ("mask_fill_zero", "zero"), ("mask_after_softmax", "after")]
+    return axes
+
+
+_MHA_SHAPES = ("query (N, L_q, d_model), key/value (N, L_k, d_model); heads (N, H, L, d_k); "
+               "scores (N, H, L_q, L_k); the check passes masks (N, L_q, L_k) and (N, 1, L_k): "
+               "add the head axis with mask.unsqueeze(1)")
+
+
+def _reference_mha(d_model, n_heads, seed=3):
+    torch.manual_seed(seed)
+    ref = MultiHeadAttention(d_model, n_heads, dropout=0.1).eval()
+    return ref
+
+
+def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
+    """Check ``cls(d_model, n_heads, dropout)`` with w_q, w_k, w_v, w_o and
+    ``forward(query, key, value, mask=None)`` (mask bool, True = masked).
+
+    The reference weights of a :class:`tx_helpers.MultiHeadAttention` are copied in
+    by name and both run in eval mode.
+    """
+    d_model, n_heads = 32, 4
+    names = ("w_q", "w_k", "w_v", "w_o")
+
+    def body(report: _Report):
+        module = _instantiate(report, cls, (d_model, n_heads, 0.1),
+                              f"cls(d_model={d_model}, n_heads={n_heads}, dropout=0.1)")
+        ref = _reference_mha(d_model, n_heads)
+        gen = torch.Generator().manual_seed(4)
+        n, l_q, l_k = 2, 5, 7
+        x = torch.randn(n, l_q, d_model, generator=gen)
+        mem = torch.randn(n, l_k, d_model, generator=gen)
+        copy_reference(report, module, ref, warmup=lambda m: m(x, x, x),
+                       what=f"attributes {', '.join(names)} are nn.Linear layers", strict=True)
+
+        def run(query, key, value, mask=None, what="forward(x, x, x)"):
+            args = (query.clone(), key.clone(), value.clone()) + (() if mask is None else (mask,))
+            out = _call(report, what, module, *args, shape_hint=_MHA_SHAPES)
+            if isinstance(out, (tuple, list)):
+                report.note("forward returns a tuple; the exercise returns only the output")
+            return _as_output(report, out)
+
+        def variants(query, key, value, mask):
+            return lambda **kw: _mha_variant(ref, query, key, value, mask, **kw)
+
+        out = run(x, x, x)
+        _deterministic(report, lambda: run(x, x, x), out)
+        _compare(report, f"self-attention output (N, L, d_model) = {(n, l_q, d_model)} "
+                 "matches the reference", out, ref(x, x, x), _mha_axes(False),
+                 variants(x, x, x, None))
+        # each projection must matter: perturb it and look for a change
+        unused = []
+        for name in names:
+            layer = getattr(module, name)
+            saved = layer.weight.detach().clone()
+            layer.weight.add_(0.5 * torch.randn(saved.shape, generator=gen))
+            try:
+                changed = not _close(_as_output(report, module(x, x, x)), out)
+            except Exception:  # noqa: BLE001 - the main probe already reported errors
+                changed = True
+            layer.weight.copy_(saved)
+            if not changed:
+                unused.append(name)
+        report.probe(not unused, "changing w_q, w_k, w_v or w_o changes the output"
+                     + (f" (no effect: {', '.join(unused)})" if unused else ""))
+        if "w_o" in unused:
+            report.mistake("no_output_projection")
+        for name in unused:
+            if name != "w_o":
+                report.mistake("unused_projection", f"self.{name} has no effect on the output")
+        out_c = run(x, mem, mem, what="cross-attention forward(x, memory, memory), L_q != L_k")
+        _compare(report, f"cross-attention (L_q={l_q}, L_k={l_k}) matches the reference",
+                 out_c, ref(x, mem, mem), _mha_axes(False), variants(x, mem, mem, None))
+        mask = _both_kinds_mask((n, l_q, l_q), gen)
+        try:
+            out_m = run(x, x, x, mask, what="forward(x, x, x, mask) with mask (N, L, L)")
+        except _Failed:
+            try:
+                module(x, x, x, mask.unsqueeze(1))
+                report.mistake("mask_needs_head_axis")
+            except Exception:  # noqa: BLE001
+                pass
+            raise
+        _compare(report, "with a mask (N, L, L), True = masked, matches the reference", out_m,
+                 ref(x, x, x, mask), _mha_axes(True), variants(x, x, x, mask))
+        pad = torch.zeros(n, 1, l_k, dtype=torch.bool)
+        pad[0, 0, -2:] = True
+        pad[1, 0, -4:] = True
+        out_p = run(x, mem, mem, pad, what="forward(x, memory, memory, pad_mask (N, 1, L_k))")
+        _compare(report, "with a padding mask (N, 1, L_k) matches the reference", out_p,
+                 ref(x, mem, mem, pad), _mha_axes(True), variants(x, mem, mem, pad))
+
+    return _run_check("check_multi_head_attention", body, verbose, cls)
+
+
+

@@ -1,0 +1,132 @@
+"""Check: one training step, against tx.train_step."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..model import Transformer
+from ..training import noam_scheduler
+from .compare import (
+    _close,
+    _compare,
+)
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+_STEP_SHAPES = ("batch = (src (N, L_src), tgt_in (N, L_tgt), tgt_out (N, L_tgt)); logits = "
+                "model(src, tgt_in) is (N, L_tgt, V); flatten to (N * L_tgt, V) and "
+                "(N * L_tgt,) for the criterion")
+
+
+def _step_batches(n_steps: int, gen) -> list:
+    """Right-padded copy-with-noise batches: pad 0, bos 1, eos 2, tokens 3..10."""
+    batches = []
+    for _ in range(n_steps):
+        src = torch.randint(3, 11, (4, 6), generator=gen)  # (N, L_src)
+        src[1, 4:], src[3, 3:] = 0, 0
+        body = torch.randint(3, 11, (4, 4), generator=gen)
+        tgt = torch.cat([torch.ones(4, 1, dtype=torch.long), body,
+                         torch.full((4, 1), 2)], 1)  # (N, 6): <bos> y <eos>
+        tgt[2, 4:] = torch.tensor([2, 0])
+        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return batches
+
+
+def _number(x) -> float:
+    """A float from a Python number or a one-element tensor (which may require grad)."""
+    return x.item() if isinstance(x, torch.Tensor) else float(x)
+
+
+def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(model, batch, optimizer, scheduler, criterion, clip_norm=1.0)``, one training
+    step returning ``(loss, grad_norm before clipping)``, against :func:`tx_helpers.train_step`.
+
+    Three steps from the same start must give the reference's losses, norms and weights. A
+    plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
+    """
+    n_steps, clip = 3, 0.1
+    batches = _step_batches(n_steps, torch.Generator().manual_seed(12))
+    config = ModelConfig(src_vocab_size=11, tgt_vocab_size=11, d_model=16, n_heads=2, d_ff=32,
+                         n_layers=1, dropout=0.0, max_len=16, pad_idx=0)
+    torch.manual_seed(13)
+    start = Transformer(config).state_dict()
+
+    def fresh():
+        model = Transformer(config)
+        model.load_state_dict(start)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = noam_scheduler(optimizer, config.d_model, warmup=2, factor=20.0)
+        return model, optimizer, scheduler, nn.CrossEntropyLoss(ignore_index=0,
+                                                                 label_smoothing=0.1)
+
+    def flat(model):
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    def variant(zero_grad=True, max_norm=clip, schedule="after", dec_in=1, labels=2):
+        model, optimizer, scheduler, criterion = fresh()
+        losses, norms = [], []
+        for batch in batches:
+            logits = model(batch[0], batch[dec_in])  # (N, L_tgt, V)
+            loss = criterion(logits.reshape(-1, logits.size(-1)), batch[labels].reshape(-1))
+            if zero_grad:
+                optimizer.zero_grad()
+            loss.backward()
+            norms.append(float(nn.utils.clip_grad_norm_(model.parameters(),
+                                                        max_norm or math.inf)))
+            if schedule == "before":
+                with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()"
+                    warnings.simplefilter("ignore")
+                    scheduler.step()
+            optimizer.step()
+            if schedule == "after":
+                scheduler.step()
+            losses.append(loss.item())
+        return torch.tensor(losses), torch.tensor(norms), flat(model)
+
+    def body(report: _Report):
+        with torch.enable_grad():
+            model, optimizer, scheduler, criterion = fresh()
+            returned = []
+            for i, batch in enumerate(batches):
+                returned.append(_call(report, f"step {i + 1}: fn(model, batch, optimizer, "
+                                      f"scheduler, criterion, clip_norm={clip})", fn, model,
+                                      batch, optimizer, scheduler, criterion, clip_norm=clip,
+                                      shape_hint=_STEP_SHAPES))
+            report.probe(True, f"{n_steps} steps ran without an exception")
+            ref_losses, ref_norms, ref_params = variant()
+            params = flat(model)
+            if not report.probe(not torch.equal(params, flat(fresh()[0])),
+                                "the parameters change"):
+                report.mistake("no_update")
+                raise _Failed
+            pairs = [r for r in returned if isinstance(r, (tuple, list)) and len(r) == 2]
+            try:
+                losses = torch.tensor([_number(r[0]) for r in pairs])
+                norms = torch.tensor([_number(r[1]) for r in pairs])
+            except (TypeError, ValueError, RuntimeError):
+                pairs = []
+            if report.probe(len(pairs) == n_steps, "returns (loss, grad_norm) as numbers"):
+                _compare(report, "the losses of the three steps match the reference", losses,
+                         ref_losses)
+                if not _compare(report, "the returned norms are the norms before clipping",
+                                norms, ref_norms) and _close(norms, torch.full_like(norms, clip)):
+                    report.found.pop("mismatch", None)
+                    report.mistake("grad_norm_after_clip")
+            else:
+                report.mistake("wrong_return", f"got {returned[0]!r}"[:120])
+            axes = {"zero_grad": [True, ("no_zero_grad", False)],
+                    "max_norm": [clip, ("no_clipping", None)],
+                    "schedule": ["after", ("scheduler_not_stepped", "never"),
+                                 ("scheduler_before_optimizer", "before")],
+                    "dec_in": [1, ("decoder_reads_labels", 2)],
+                    "labels": [2, ("labels_not_shifted", 1)]}
+            _compare(report, f"the weights after {n_steps} steps match the reference", params,
+                     ref_params, axes, lambda **kw: variant(**kw)[2])
+
+    return _run_check("check_train_step", body, verbose, fn)
+
+
+
