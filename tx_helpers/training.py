@@ -7,6 +7,7 @@ an optimizer built with ``lr=1.0``; :func:`noam_scheduler` insists on it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -87,6 +88,27 @@ class History:
         return len(self.loss)
 
 
+#: Mixed-precision modes for ``amp=``: autocast to this dtype. None (the default) is plain
+#: float32, exactly the arithmetic of a run without the option.
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def check_amp(amp) -> None:
+    """``amp`` must be None (off), "bf16" or "fp16"; anything else is a ValueError."""
+    if amp is not None and (not isinstance(amp, str) or amp not in AMP_DTYPES):
+        raise ValueError(
+            f"amp must be None (off) or one of {tuple(AMP_DTYPES)}, got amp={amp!r}"
+        )
+
+
+def autocast(amp, device_type: str):
+    """``torch.autocast`` for ``amp`` ("bf16"/"fp16") on ``device_type``; a no-op for None."""
+    check_amp(amp)
+    if amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=AMP_DTYPES[amp])
+
+
 def _unpack(batch):
     if hasattr(batch, "src") and hasattr(batch, "tgt_in"):
         return batch.src, batch.tgt_in, batch.tgt_out
@@ -94,23 +116,52 @@ def _unpack(batch):
     return src, tgt_in, tgt_out
 
 
-def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0) -> dict:
+def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0, *,
+               amp: str | None = None, scaler=None) -> dict:
     """One step: forward, loss, backward, clip, optimizer step, scheduler step.
 
     ``batch`` is (src, tgt_in, tgt_out) already on the model's device. Returns
     ``loss``, ``accuracy``, ``lr`` (used by this step) and ``grad_norm`` (before clipping).
+
+    ``amp="bf16"`` or ``"fp16"`` runs the forward pass under ``torch.autocast``; the
+    loss is computed from float32 logits, and the weights, gradients and optimizer
+    state stay float32. ``"fp16"`` needs ``scaler`` (a ``torch.amp.GradScaler`` that
+    lives across steps; :func:`train` makes one): the loss is scaled before backward,
+    the gradients are unscaled before clipping, and a step whose gradients overflowed
+    is skipped, scheduler included.
     """
+    check_amp(amp)
+    if amp == "fp16" and scaler is None:
+        raise ValueError(
+            "amp='fp16' needs scaler=torch.amp.GradScaler(device_type), created once and "
+            "passed to every step (float16 gradients underflow without loss scaling), "
+            "got scaler=None"
+        )
     src, tgt_in, tgt_out = _unpack(batch)
     model.train()
-    logits = model(src, tgt_in)  # (N, L_tgt, V)
+    with autocast(amp, src.device.type):
+        logits = model(src, tgt_in)  # (N, L_tgt, V)
+    if amp is not None:
+        logits = logits.float()  # the loss (log-softmax over V) in float32
     loss = criterion(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if scaler is None:
+        loss.backward()
+    else:
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     max_norm = clip_norm if clip_norm is not None else math.inf
     grad_norm = nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
-    if scheduler is not None:
+    stepped = True
+    if scaler is None:
+        optimizer.step()
+    else:
+        scale = scaler.get_scale()
+        scaler.step(optimizer)  # skipped when a gradient is inf/NaN
+        scaler.update()
+        stepped = scaler.get_scale() >= scale  # the scale only drops after a skipped step
+    if scheduler is not None and stepped:
         scheduler.step()
     pad_idx = criterion.ignore_index
     return {"loss": loss.item(), "accuracy": token_accuracy(logits.detach(), tgt_out, pad_idx),
@@ -119,7 +170,8 @@ def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0
 
 def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float = 0.1,
           clip_norm: float | None = 1.0, pad_idx: int | None = None, progress: bool = False,
-          total: int | None = None, history: History | None = None) -> History:
+          total: int | None = None, history: History | None = None,
+          amp: str | None = None) -> History:
     """Train ``model`` on an iterable of (src, tgt_in, tgt_out) batches; return a :class:`History`.
 
     Loss: ``CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)``
@@ -128,9 +180,13 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     moved to the model's device, so the same call runs on CPU and CUDA.
     ``progress=True`` shows a tqdm bar (``total`` = number of batches, if known).
     Pass an existing ``history`` to append to it when resuming.
+    ``amp``: None (default, float32), ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for
+    CUDA; a ``torch.amp.GradScaler`` is created here): see :func:`train_step`.
     """
+    check_amp(amp)
     pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
     device = next(model.parameters()).device
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
     criterion = nn.CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)
     history = History() if history is None else history
     bar = None
@@ -143,7 +199,8 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     try:
         for batch in batches:
             batch = tuple(t.to(device) for t in _unpack(batch))
-            out = train_step(model, batch, optimizer, criterion, scheduler, clip_norm)
+            out = train_step(model, batch, optimizer, criterion, scheduler, clip_norm,
+                             amp=amp, scaler=scaler)
             for key, value in out.items():
                 getattr(history, key).append(value)
             if bar is not None:
