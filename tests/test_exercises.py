@@ -29,11 +29,11 @@ def base_namespace() -> dict:
 
 def fill_back(stub: str, solved: str) -> str:
     """Put each region's solution code back in place of its stub line."""
-    lines = stub.split("\n")
     for region in reversed(mx.find_regions(solved)):
-        at = max(i for i, line in enumerate(lines) if line == region.stub())
-        lines[at : at + 1] = mx.solution_code(solved, region).split("\n")
-    return "\n".join(lines)
+        head, sep, tail = stub.rpartition(region.stub())
+        assert sep, region.stub()
+        stub = head + mx.solution_code(solved, region) + tail
+    return stub
 
 
 def new_objects(source: str, ns: dict) -> dict:
@@ -145,6 +145,28 @@ def test_generator_cli_writes_checks_and_leaves_solved_alone(tmp_path, capsys):
     mx.main(root)
     assert not (nbdir / "exercises" / "07_gone.ipynb").exists()
     assert "stale: notebooks/exercises/09_synthetic.ipynb" in capsys.readouterr().out
+
+
+def test_long_hints_wrap_and_the_note_lists_the_exercises():
+    hint = "word " * 60
+    region = mx.Region(0, 2, "        ", hint.strip())
+    stub = region.stub()
+    assert all(len(line) <= mx.WIDTH for line in stub.split("\n")), stub
+    with pytest.raises(NotImplementedError) as info:
+        exec(compile(textwrap.dedent(stub), "<stub>", "exec"))  # noqa: S102
+    assert str(info.value) == hint.strip()
+    ex = mx.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
+    note = ex.cells[0].source
+    assert "2 exercises in this notebook" in note
+    assert "1. `Box.forward`" in note and "2. `helper`" in note
+    assert ex.cells[2].metadata[mx.META_KEY][0]["name"] == "Box.forward"
+    for path in sorted((ROOT / "notebooks" / mx.EXERCISE_DIR).glob(mx.SOLVED_GLOB)):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "code":
+                continue
+            too_long = [line for line in cell.source.split("\n")
+                        if "NotImplementedError" in line and len(line) > mx.WIDTH]
+            assert not too_long, (path.name, too_long)
 
 
 def test_unbalanced_markers_are_an_error(tmp_path, capsys):

@@ -952,3 +952,128 @@ def test_train_step_two_mistakes_and_a_stub():
                       "zero_grad, backward")
     assert [label for label, _ in g.find_checks({"my_train_step": my_train_step}, None)] == [
         "check_train_step(my_train_step)"]
+
+
+# ----------------------------------------------------------------------------------------
+# correct code in other layouts passes every check that takes it
+
+
+class MHAListAlias(nn.Module):
+    """The Annotated Transformer's layout: four Linears in a list, plus aliases."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.linears = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(4)])
+        self.w_q = self.linears[0]  # an alias: the same module under a second name
+
+    def forward(self, query, key, value, mask=None):
+        n = query.size(0)
+        q, k, v = (lin(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
+                   for lin, x in zip(self.linears[:3], (query, key, value), strict=True))
+        if mask is not None:
+            mask = mask.unsqueeze(1)
+        out = attn_einsum(q, k, v, mask)[0]
+        return self.linears[3](out.transpose(1, 2).reshape(n, -1, self.h * self.d_k))
+
+
+class MHAFused(nn.Module):
+    """minGPT-like: one fused q/k/v Linear for self-attention, split for cross-attention."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.d = n_heads, d_model
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        n, lq, d = query.shape
+        w_q, w_k, w_v = self.qkv.weight.split(d)
+        b_q, b_k, b_v = self.qkv.bias.split(d)
+        q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        q, k, v = (t.view(n, -1, self.h, d // self.h).transpose(1, 2) for t in (q, k, v))
+        m = None if mask is None else ~mask.unsqueeze(1)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=m,
+                                             dropout_p=self.drop.p if self.training else 0.0)
+        return self.proj(ctx.transpose(1, 2).reshape(n, lq, d))
+
+
+class FFNLazy(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.net = nn.Sequential(nn.LazyLinear(d_ff), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.LazyLinear(d_model))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class FFNHarvard(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.w_1, self.w_2, self.dropout = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), \
+            nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+class SublayerConnection(nn.Module):
+    def __init__(self, size, dropout):
+        super().__init__()
+        self.norm, self.dropout = nn.LayerNorm(size), nn.Dropout(dropout)
+
+    def forward(self, x, sublayer):  # Post-LN, as the paper
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncHarvard(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = MHAListAlias(d_model, n_heads, dropout)
+        self.feed_forward = FFNHarvard(d_model, d_ff, dropout)
+        self.sublayer = nn.ModuleList([SublayerConnection(d_model, dropout) for _ in range(2)])
+
+    def forward(self, x, mask=None):
+        x = self.sublayer[0](x, lambda y: self.self_attn(y, y, y, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class DecFused(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.attn, self.src_attn = MHAFused(d_model, n_heads, dropout), MHAFused(
+            d_model, n_heads, dropout)
+        self.mlp = FFNLazy(d_model, d_ff, dropout)
+        self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        x = self.ln1(x + self.drop(self.attn(x, x, x, tgt_mask)))
+        x = self.ln2(x + self.drop(self.src_attn(x, memory, memory, memory_mask)))
+        return self.ln3(x + self.drop(self.mlp(x)))
+
+
+@pytest.mark.parametrize("check, cls", [
+    (g.check_multi_head_attention, MHAListAlias),
+    (g.check_multi_head_attention, MHAFused),
+    (g.check_feed_forward, FFNLazy),
+    (g.check_feed_forward, FFNHarvard),
+    (g.check_encoder_layer, EncHarvard),
+    (g.check_decoder_layer, DecFused),
+])
+def test_other_layouts_pass(check, cls):
+    result = quiet(check, cls)
+    assert result.passed, result.report
+
+
+def test_a_crash_inside_the_checker_is_not_blamed_on_the_learner(monkeypatch):
+    from tx_helpers.grading import feed_forward, weights
+
+    # a function of the package called the wrong way: the TypeError comes from the checker
+    monkeypatch.setattr(feed_forward, "copy_reference", weights.locate)
+    result = quiet(g.check_feed_forward, tx.FeedForward)
+    assert result.mistakes == ["checker_failed"], result.report
+    assert "says nothing about whether your code is right" in result.report
+    assert "shape_error" not in result.mistakes

@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,10 @@ SOLVED_GLOB = "[0-9][0-9]_*.ipynb"
 EXERCISE_DIR = "exercises"
 DEFAULT_HINT = "write this part yourself, then run the check cell below"
 NOTE_ID = "exercise-version-note"
+WIDTH = 100  # stub lines stay within this many characters
+META_KEY = "tx_exercise"  # cell metadata: which exercise a code cell holds (tools/grade.py)
+DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async[ \t]+)?(?:def|class)[ \t]+(?P<name>\w+)")
+HEADING = re.compile(r"^(?P<level>#{2,3})[ \t]+(?P<text>.+?)[ \t]*$")
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION[ \t]*$")
 END = re.compile(r"^[ \t]*### END SOLUTION[ \t]*$")
@@ -46,6 +51,7 @@ NOTE = """\
 `raise NotImplementedError(...)` are yours to write (the message is a hint). \
 Each stub sits inside a function or class whose signature and docstring are kept.
 >
+{exercises}
 > **Checking your work:** run the cells from the top. After you fill in a stub, run the \
 cell that calls a check from `tx_helpers.grading`, for example \
 `tx.grading.check_multi_head_attention(MultiHeadAttention)`; if there is none, add one. \
@@ -66,7 +72,17 @@ class Region:
     hint: str | None
 
     def stub(self) -> str:
-        return f"{self.indent}raise NotImplementedError({json.dumps(self.hint or DEFAULT_HINT)})"
+        """``raise NotImplementedError("<hint>")``, wrapped within WIDTH characters."""
+        one = f"{self.indent}raise NotImplementedError({json.dumps(self.hint or DEFAULT_HINT)})"
+        if len(one) <= WIDTH:
+            return one
+        inner = self.indent + "    "
+        room = WIDTH - len(inner) - 3  # the quotes and a closing parenthesis
+        pieces = textwrap.wrap(self.hint or DEFAULT_HINT, room, drop_whitespace=False,
+                               break_long_words=False, break_on_hyphens=False)
+        body = [f"{inner}{json.dumps(p)}" for p in pieces]
+        body[-1] += ")"
+        return "\n".join([f"{self.indent}raise NotImplementedError("] + body)
 
 
 def find_regions(source: str) -> list[Region]:
@@ -126,6 +142,41 @@ def stub_source(source: str) -> str:
     return "\n".join(lines)
 
 
+def region_owner(source: str, region: Region) -> str:
+    """The function or method a region sits in, as ``Class.method`` (or the cell's top)."""
+    lines = source.split("\n")
+    names, limit = [], len(region.indent.expandtabs())
+    for line in reversed(lines[: region.begin]):
+        m = DEF.match(line)
+        if m and len(m.group("indent").expandtabs()) < limit:
+            names.append(m.group("name"))
+            limit = len(m.group("indent").expandtabs())
+            if limit == 0:
+                break
+    return ".".join(reversed(names)) or "top-level code"
+
+
+def exercise_list(nb) -> list[dict]:
+    """One entry per solution region: number, cell index, the code it lives in, the section."""
+    found, section, sub = [], "", ""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.split("\n"):
+                m = HEADING.match(line)
+                if m and m.group("level") == "##":
+                    section, sub = m.group("text"), ""
+                elif m:
+                    sub = m.group("text")
+            continue
+        if cell.cell_type != "code":
+            continue
+        for region in find_regions(cell.source):
+            where = " / ".join(t for t in (section, sub) if t) or "the introduction"
+            found.append({"number": len(found) + 1, "cell": index,
+                          "name": region_owner(cell.source, region), "section": where})
+    return found
+
+
 def has_regions(nb) -> bool:
     return any(c.cell_type == "code" and find_regions(c.source) for c in nb.cells)
 
@@ -133,8 +184,15 @@ def has_regions(nb) -> bool:
 def make_exercise(nb, solved_name: str):
     """A new notebook node: the exercise version of the solved notebook ``nb``."""
     ex = nbformat.from_dict(json.loads(json.dumps(nb)))  # deep copy; the input stays as it is
+    exercises = exercise_list(ex)
+    by_cell: dict[int, list[dict]] = {}
+    for item in exercises:
+        by_cell.setdefault(item["cell"], []).append(item)
     cells = []
-    for cell in ex.cells:
+    for index, cell in enumerate(ex.cells):
+        if index in by_cell:
+            cell.metadata[META_KEY] = [{k: v for k, v in item.items() if k != "cell"}
+                                       for item in by_cell[index]]
         if cell.cell_type == "code":
             original = cell.source
             source = stub_source(strip_hidden_tests(original))
@@ -146,7 +204,12 @@ def make_exercise(nb, solved_name: str):
             for key in ("execution", "ExecuteTime", "collapsed", "scrolled"):
                 cell.metadata.pop(key, None)
         cells.append(cell)
-    note = nbformat.v4.new_markdown_cell(NOTE.format(solved=solved_name))
+    listing = [f"> **{len(exercises)} exercise{'s' if len(exercises) != 1 else ''} in this "
+               "notebook:**", ">"]
+    listing += [f"> {e['number']}. `{e['name']}`, in section *{e['section']}*"
+                for e in exercises]
+    note = nbformat.v4.new_markdown_cell(NOTE.format(solved=solved_name,
+                                                     exercises="\n".join(listing) + "\n>"))
     if ex.nbformat_minor >= 5:
         note.id = NOTE_ID
     else:

@@ -88,7 +88,7 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         n, l_q, l_k = 2, 5, 7
         x = torch.randn(n, l_q, d_model, generator=gen)
         mem = torch.randn(n, l_k, d_model, generator=gen)
-        copy_reference(report, module, ref, warmup=lambda m: m(x, x, x),
+        placed = copy_reference(report, module, ref, warmup=lambda m: m(x, x, x),
                        what=f"attributes {', '.join(names)} are nn.Linear layers", strict=True)
 
         def run(query, key, value, mask=None, what="forward(x, x, x)"):
@@ -109,14 +109,14 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         # each projection must matter: perturb it and look for a change
         unused = []
         for name in names:
-            layer = getattr(module, name)
-            saved = layer.weight.detach().clone()
-            layer.weight.add_(0.5 * torch.randn(saved.shape, generator=gen))
+            weight = placed[f"{name}.weight"]
+            saved = weight.detach().clone()
+            weight.add_(0.5 * torch.randn(saved.shape, generator=gen))
             try:
                 changed = not _close(_as_output(report, module(x, x, x)), out)
             except Exception:  # noqa: BLE001 - the main probe already reported errors
                 changed = True
-            layer.weight.copy_(saved)
+            weight.copy_(saved)
             if not changed:
                 unused.append(name)
         report.probe(not unused, "changing w_q, w_k, w_v or w_o changes the output"

@@ -97,6 +97,7 @@ class _Copier:
         self.missing: list[str] = []
         self.shape_bad: list[str] = []
         self.moved: list[str] = []
+        self.placed: dict[str, torch.Tensor] = {}  # reference path -> the learner's tensor
 
     def put(self, ref_name: str, ref_p: torch.Tensor, target, where: str) -> None:
         """Copy one reference tensor into ``target`` (a tensor, a view of one, or None)."""
@@ -118,6 +119,7 @@ class _Copier:
                                   f"{tuple(ref_p.shape)})")
             return
         target.copy_(ref_p.detach())
+        self.placed[ref_name] = target
 
     def leaf(self, path: str, ref_mod: nn.Module, mine: nn.Module | None, where: str) -> None:
         if mine is not None and not isinstance(mine, type(ref_mod)):  # a wrapper around it
@@ -220,11 +222,12 @@ class _Copier:
 
 def copy_reference(report: _Report, learner: nn.Module, ref: nn.Module, *, warmup=None,
                    what: str = "every reference parameter found by name and shape",
-                   strict: bool = False) -> None:
+                   strict: bool = False) -> dict[str, torch.Tensor]:
     """Copy every reference parameter into ``learner``; report what could not be placed.
 
     Only parameters travel: buffers such as a positional-encoding table stay the learner's own.
     ``strict``: stop the check when something is missing (nothing could be compared).
+    Returns reference path -> the learner's tensor (or view of one) that now holds it.
     """
     materialize(report, learner, warmup)
     copier = _Copier(report, learner, ref)
@@ -247,3 +250,4 @@ def copy_reference(report: _Report, learner: nn.Module, ref: nn.Module, *, warmu
                     + ", ".join(extra[:8]))
     if not ok and strict:
         raise _Failed
+    return copier.placed
