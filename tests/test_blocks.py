@@ -77,6 +77,15 @@ def test_expand_mask_broadcasts_to_scores(shape):
         assert torch.equal(full, mask.expand(2, 3, 4, 6))
 
 
+def test_expand_mask_refuses_ambiguous_two_d_mask():
+    mask = torch.zeros(4, 6, dtype=torch.bool)  # (L_q, L_k)? or (N, L_k) key padding?
+    with pytest.raises(ValueError, match=r"a 2-D mask of shape \(4, 6\) is ambiguous when "
+                                         r"N == L_q == 4"):
+        tx.expand_mask(mask, 4, 3, 4, 6)
+    assert tx.expand_mask(mask[None], 4, 3, 4, 6).shape == (1, 1, 4, 6)
+    assert tx.expand_mask(mask[:, None], 4, 3, 4, 6).shape == (4, 1, 1, 6)
+
+
 # ---------------------------------------------------------------- positional encoding
 
 def _paper_pe(max_len, d_model):
@@ -197,6 +206,62 @@ def test_sdpa_masked_is_finite_in_low_precision(dtype):
     # a fully masked row is uniform 1/L_k (the documented convention), not NaN
     torch.testing.assert_close(weights[0, 1].float(), torch.full((4,), 0.25))
     torch.testing.assert_close(out[0, 1].float(), v[0].float().mean(0), rtol=1e-2, atol=1e-2)
+
+
+# ---------------------------------------------------------------- fully masked query rows
+
+def _fully_masked_cases(n, h, l_q, l_k):
+    """Masks with at least one fully masked query row, in every accepted form."""
+    two_d = torch.rand(l_q, l_k) < 0.3
+    two_d[1] = True  # query 1 sees no key
+    three_d = torch.rand(n, l_q, l_k) < 0.3
+    three_d[0, 2] = True
+    padding = torch.zeros(n, 1, l_k, dtype=torch.bool)
+    padding[0, 0, -2:] = True
+    padding[1] = True  # a sequence that is all padding: every query of it sees nothing
+    per_head = torch.rand(n, h, l_q, l_k) < 0.3
+    per_head[1, 0, 3] = True
+    return {"2d": two_d, "3d": three_d, "padding": padding, "4d per head": per_head}
+
+
+@pytest.mark.parametrize("form", ["2d", "3d", "padding", "4d per head"])
+def test_fully_masked_row_same_policy_in_both_backends(form):
+    """One policy: a query that may attend to no key gets uniform weights 1/L_k, so its output
+    is the mean of the values. manual and sdpa agree on those rows and on every other row,
+    forward and backward."""
+    torch.manual_seed(0)
+    n, h, l_q, l_k, d_model = 2, 4, 5, 6, 16
+    mask = _fully_masked_cases(n, h, l_q, l_k)[form]
+    manual = tx.MultiHeadAttention(d_model, h, dropout=0.1).eval()
+    sdpa = tx.MultiHeadAttention(d_model, h, dropout=0.1, backend="sdpa").eval()
+    sdpa.load_state_dict(manual.state_dict())
+    inputs = [torch.randn(n, length, d_model) for length in (l_q, l_k, l_k)]
+    results = []
+    for module in (manual, sdpa):
+        xs = [x.clone().requires_grad_() for x in inputs]
+        out = module(*xs, mask)  # (N, L_q, d_model)
+        out.square().sum().backward()
+        results.append((out.detach(), [x.grad for x in xs]))
+    (out_m, grads_m), (out_s, grads_s) = results
+    assert torch.isfinite(out_s).all() and torch.isfinite(out_m).all()
+    torch.testing.assert_close(out_s, out_m, rtol=0, atol=1e-6)
+    for a, b in zip(grads_s, grads_m, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # the manual weights of a fully masked row are exactly uniform
+    full = tx.expand_mask(mask, n, h, l_q, l_k).expand(n, h, l_q, l_k).all(-1)  # (N, H, L_q)
+    assert full.any() and not full.all()
+    weights = manual.attn_weights[full]  # (rows, L_k)
+    torch.testing.assert_close(weights, torch.full_like(weights, 1 / l_k))
+
+
+def test_fully_masked_row_output_is_mean_of_values_for_sdpa():
+    torch.manual_seed(1)
+    d_model, h = 8, 2
+    sdpa = tx.MultiHeadAttention(d_model, h, dropout=0.0, backend="sdpa").eval()
+    x = torch.randn(1, 3, d_model)
+    mask = torch.tensor([[False, True, False], [True, True, True], [False, False, False]])
+    mean_v = sdpa.w_v(x).mean(dim=1)  # (1, d_model): mean of the projected values, all heads
+    torch.testing.assert_close(sdpa(x, x, x, mask[None])[:, 1], sdpa.w_o(mean_v))
 
 
 # ---------------------------------------------------------------- model sizes

@@ -240,6 +240,35 @@ def test_mask_that_does_not_broadcast(mha, shape):
         mha(x, mem, mem, mask)
 
 
+@pytest.mark.parametrize("l_k", [5, 6])  # self- and cross-attention
+def test_two_d_mask_is_ambiguous_when_batch_equals_query_length(mha, l_k):
+    """An nn-style key-padding mask (N, L_k) with N == L_q has the shape of (L_q, L_k):
+    refused, with both fixes named, instead of being read as (L_q, L_k) silently."""
+    x, mem = torch.randn(5, 5, D_MODEL), torch.randn(5, l_k, D_MODEL)
+    key_padding = torch.zeros(5, l_k, dtype=torch.bool)
+    key_padding[:, -1] = True
+    message = (f"a 2-D mask of shape (5, {l_k}) is ambiguous when N == L_q == 5: it could be "
+               f"(L_q, L_k) or a key-padding mask (N, L_k); say which: mask[None] gives "
+               f"(1, L_q, L_k), one mask for the whole batch, mask[:, None] gives (N, 1, L_k), "
+               f"key padding (what tx.padding_mask returns)")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        mha(x, mem, mem, key_padding)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tx.expand_mask(key_padding, 5, N_HEADS, 5, l_k)
+    # each explicit form is accepted and means what it says
+    as_padding = mha(x, mem, mem, key_padding[:, None])  # (N, 1, L_k)
+    as_shared = mha(x, mem, mem, key_padding[None])  # (1, L_q, L_k)
+    torch.testing.assert_close(as_padding, mha(x, mem[:, :-1], mem[:, :-1]))
+    torch.testing.assert_close(as_shared, as_padding)  # every row hides the last key here
+
+
+def test_two_d_mask_is_read_as_query_by_key_when_unambiguous(mha):
+    causal = tx.lookahead_mask(4)  # (L_q, L_k)
+    for n in (1, 3):  # N != L_q, or N == 1 (then both readings are the same)
+        x = torch.randn(n, 4, D_MODEL)
+        torch.testing.assert_close(mha(x, x, x, causal), mha(x, x, x, causal[None]))
+
+
 def test_mask_with_too_many_dims(mha):
     x = torch.randn(2, 5, D_MODEL)
     with pytest.raises(ValueError, match=r"mask must be 2-D, 3-D or 4-D, got shape "

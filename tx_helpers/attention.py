@@ -1,4 +1,20 @@
-"""Scaled dot-product attention and multi-head attention."""
+"""Scaled dot-product attention and multi-head attention.
+
+Masks are bool, True = "do not attend" (see :mod:`tx_helpers.masks`).
+
+Policy for a fully masked query row (every key of that query is masked, e.g.
+a padded query whose mask hides everything, or a sequence that is all padding):
+the row gets uniform weights 1/L_k over all L_k keys, so its output is the
+mean of the value rows: finite, never NaN. Both backends follow it:
+
+- ``"manual"``: every score of the row is filled with ``finfo(dtype).min``,
+  and the softmax of equal scores is uniform.
+- ``"sdpa"``: PyTorch's ``F.scaled_dot_product_attention`` would return zeros
+  for such a row, so :class:`MultiHeadAttention` hands it an unmasked row
+  instead and then replaces that row's output by the mean of the values.
+  Outputs and gradients then match the manual backend (eval mode; in training
+  mode attention dropout makes both random, equal in distribution).
+"""
 from __future__ import annotations
 
 import math
@@ -100,14 +116,26 @@ class MultiHeadAttention(nn.Module):
                 cache["k"], cache["v"] = k, v
         l_k = k.size(2)
         if mask is not None:
+            self_cache = cache is not None and not cache.get("static")
+            if self_cache and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+                # incremental self-attention: Transformer.decode's shifted look-ahead mask
+                # (L_q, L_past + L_q), shared by the batch, so N == L_q is not ambiguous here
+                mask = mask[None]  # (1, L_q, L_k)
             mask = expand_mask(mask, n, self.n_heads, l_q, l_k)  # broadcasts to (N, H, L_q, L_k)
 
         if self.backend == "sdpa":
+            full_rows = None
+            if mask is not None:
+                full_rows = mask.all(dim=-1, keepdim=True)  # (.., L_q, 1): query sees no key
+                mask = mask & ~full_rows  # such a row goes in unmasked (no NaN, no zeros) ...
             context = F.scaled_dot_product_attention(
                 q, k, v,
                 attn_mask=None if mask is None else ~mask,  # SDPA: True = may attend
                 dropout_p=self.dropout.p if self.training else 0.0,
             )  # (N, H, L_q, d_k)
+            if full_rows is not None:
+                # ... and leaves as the mean of the values: uniform weights, as in "manual"
+                context = torch.where(full_rows, v.mean(dim=2, keepdim=True), context)
             self.attn_weights = None
         else:
             context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)

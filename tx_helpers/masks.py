@@ -45,6 +45,12 @@ def expand_mask(mask: torch.Tensor, n: int, n_heads: int, l_q: int, l_k: int) ->
 
     Accepted: (L_q, L_k), (N, L_q, L_k), (N, 1, L_k) and any 4-D mask that
     broadcasts. A 3-D mask gets its head axis at dim 1.
+
+    A 2-D mask always means (L_q, L_k). A key-padding mask (N, L_k), the
+    shape ``torch.nn`` uses, has the same shape when N == L_q, and reading it
+    as (L_q, L_k) would hide the wrong keys without any error. So a 2-D mask
+    with N == L_q > 1 rows is refused: add the missing axis yourself,
+    ``mask[None]`` (1, L_q, L_k) or ``mask[:, None]`` (N, 1, L_k).
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a bool torch.Tensor, got {type(mask).__name__}")
@@ -56,6 +62,13 @@ def expand_mask(mask: torch.Tensor, n: int, n_heads: int, l_q: int, l_k: int) ->
         )
     target = (n, n_heads, l_q, l_k)
     if mask.dim() == 2:
+        if n == l_q > 1 and mask.size(0) == n:
+            raise ValueError(
+                f"a 2-D mask of shape {tuple(mask.shape)} is ambiguous when N == L_q == {n}: "
+                f"it could be (L_q, L_k) or a key-padding mask (N, L_k); say which: "
+                f"mask[None] gives (1, L_q, L_k), one mask for the whole batch, "
+                f"mask[:, None] gives (N, 1, L_k), key padding (what tx.padding_mask returns)"
+            )
         m = mask[None, None]
     elif mask.dim() == 3:
         m = mask.unsqueeze(1)
