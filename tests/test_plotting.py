@@ -32,3 +32,58 @@ def test_plot_sublayer_diagram_creates_axes():
     ax = plotting.plot_sublayer_diagram()
     assert any("LayerNorm" == t.get_text() for t in ax.texts)
     plt.close(ax.figure)
+
+
+def _tick_sizes(fig):
+    return [t.get_fontsize() for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()
+            if t.get_text()]
+
+
+def test_plot_heads_shares_one_labelled_colour_scale():
+    import numpy as np
+    weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(3, 4))  # (H, L_q, L_k)
+    weights[1] *= 0.5  # a head with smaller weights must look paler, not be rescaled
+    fig = plotting.plot_heads(weights, q_labels=list("abcd"), k_labels=list("vwxyz"),
+                              colorbar=True)
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == 3
+    assert {im.get_clim() for im in images} == {(0.0, float(weights.max()))}
+    colorbars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(colorbars) == 1 and "attention weight" in colorbars[0].get_ylabel()
+    assert min(_tick_sizes(fig)) >= plotting.MIN_FONT
+    plt.close(fig)
+
+
+def test_plot_mask_says_what_dark_means():
+    import torch
+    fig, ax = plt.subplots()
+    plotting.plot_mask(torch.triu(torch.ones(3, 3, dtype=torch.bool), 1), ax)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["True: do not attend", "False: may attend"]
+    assert ax.get_xlabel() and ax.get_ylabel()
+    fig2, axes = plt.subplots(1, 2)
+    for a in axes:
+        plotting.plot_mask(torch.zeros(2, 2, dtype=torch.bool), a, legend=False)
+        assert a.get_legend() is None
+    legend = plotting.mask_legend(fig2)
+    assert [t.get_text() for t in legend.get_texts()] == labels
+    plt.close(fig)
+    plt.close(fig2)
+
+
+def test_plot_attention_colorbar_is_labelled():
+    import numpy as np
+    fig, ax = plt.subplots()
+    plotting.plot_attention(np.full((2, 3), 1 / 3), ax)
+    colorbars = [a for a in fig.axes if a.get_label() == "<colorbar>"]
+    assert len(colorbars) == 1 and colorbars[0].get_ylabel() == "attention weight"
+    plt.close(fig)
+
+
+def test_plot_heads_without_colorbar_keeps_its_size():
+    """Notebooks compare the figure's repr, '<Figure size WxH with N Axes>': the default is
+    unchanged (one Axes per head, size * ncols wide)."""
+    import numpy as np
+    fig = plotting.plot_heads(np.full((4, 2, 3), 1 / 3), ncols=4, size=3.0)
+    assert len(fig.axes) == 4 and tuple(fig.get_size_inches()) == (12.0, 3.0)
+    plt.close(fig)
