@@ -2,6 +2,7 @@
 checks report (and pass once the solution is filled back in)."""
 import ast
 import inspect
+import json
 import math
 import sys
 import textwrap
@@ -285,7 +286,7 @@ def test_real_exercise_stub_fails_and_solution_passes(path, index):
 # tools/grade.py: execute a learner's notebook and collect the check results into a CSV
 
 
-def test_grade_script_collects_results_into_csv(tmp_path):
+def test_grade_script_without_exercise_metadata_grades_every_definition(tmp_path):
     import csv
 
     import grade
@@ -309,11 +310,52 @@ def test_grade_script_collects_results_into_csv(tmp_path):
     nbformat.write(nb, path)
     out = tmp_path / "grades.csv"
     assert grade.main([str(path), "--out", str(out), "--timeout", "60"]) == 0
+    assert grade.main([str(path), "--out", str(out), "--timeout", "60", "--strict"]) == 1
     rows = list(csv.DictReader(out.open()))
-    by = {(r["source"], r["check"]): r for r in rows}
-    assert by[("notebook", "cells")]["mistakes"] == "1 cell(s) raised"
-    assert by[("notebook", "check_attention")]["passed"] == "False"
-    assert "no_scaling" in by[("notebook", "check_attention")]["mistakes"]
-    assert "not scaled" in by[("notebook", "check_attention")]["diagnosis"]
-    assert by[("auto", "check_feed_forward(FeedForward)")]["passed"] == "True"
-    assert by[("auto", "check_attention(attention)")]["passed"] == "False"
+    by = {r["check"]: r for r in rows}
+    assert len(by) == len(rows) == 3  # cells, attention, feed-forward: no check twice
+    assert by["cells"]["mistakes"] == "1 cell(s) raised"
+    assert by["check_attention(attention)"]["passed"] == "False"
+    assert "no_scaling" in by["check_attention(attention)"]["mistakes"]
+    assert "not scaled" in by["check_attention(attention)"]["diagnosis"]
+    assert by["check_feed_forward(FeedForward)"]["passed"] == "True"
+    summary = (tmp_path / "grades_summary.txt").read_text()
+    assert summary.startswith("alice_03.ipynb: 1/2 checks passed (1 cell(s) raised)")
+
+
+def test_grade_script_full_partial_and_zero_marks(tmp_path):
+    """A correct, a wrong and an untouched copy of a real exercise notebook."""
+    import csv
+
+    import grade
+
+    name = "04_feed_forward_and_sublayers.ipynb"
+    solved = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    exercise = nbformat.read(ROOT / "notebooks" / mx.EXERCISE_DIR / name, as_version=4)
+    solutions = {c.id: c.source for c in solved.cells}
+    correct = nbformat.from_dict(json.loads(json.dumps(exercise)))
+    for cell in correct.cells:
+        if cell.get("metadata", {}).get(mx.META_KEY):
+            cell.source = fill_back(cell.source, mx.strip_hidden_tests(solutions[cell.id]))
+    wrong = nbformat.from_dict(json.loads(json.dumps(correct)))
+    for cell in wrong.cells:  # the encoder layer forgets the attention sublayer's residual
+        cell.source = cell.source.replace("self.norm1(x + self.dropout1(", "self.norm1((")
+    paths = []
+    for who, nb in (("correct", correct), ("wrong", wrong), ("untouched", exercise)):
+        paths.append(tmp_path / f"{who}_{name}")
+        nbformat.write(nb, paths[-1])
+    out = tmp_path / "grades.csv"
+    assert grade.main([str(p) for p in paths] + ["--out", str(out), "--strict"]) == 1
+    rows = [r for r in csv.DictReader(out.open()) if r["check"] not in ("cells", "none")]
+    marks = {}
+    for r in rows:
+        got, total = marks.get(r["notebook"], (0, 0))
+        marks[r["notebook"]] = (got + (r["passed"] == "True"), total + 1)
+    assert marks == {f"correct_{name}": (2, 2), f"wrong_{name}": (1, 2),
+                     f"untouched_{name}": (0, 2)}, rows
+    wrong_rows = [r for r in rows if r["notebook"] == f"wrong_{name}" and r["passed"] == "False"]
+    assert wrong_rows[0]["exercise"] == "2. EncoderLayer.forward"
+    assert "missing_residual" in wrong_rows[0]["mistakes"]
+    assert all(r["exercise"] != "-" for r in rows)
+    summary = (tmp_path / "grades_summary.txt").read_text().split("\n")
+    assert f"correct_{name}: 2/2 checks passed (no cell raised)" in summary

@@ -1,23 +1,35 @@
 #!/usr/bin/env python3
 """Grade learners' exercise notebooks: execute each one, collect tx_helpers.grading results.
 
-  python tools/grade.py submissions/*.ipynb --out grades.csv
+  python tools/grade.py submissions/*.ipynb --out grades.csv [--strict]
 
 Each notebook runs top to bottom in a fresh kernel (errors do not stop it: a learner's
-unfinished cell is recorded, the rest still runs). Then one extra cell, never saved,
-collects
+unfinished cell is recorded, the rest still runs). Then one extra cell, never saved, runs
+the checks for the learner's exercises.
 
-- every check the notebook itself ran (source "notebook"), and
-- with --auto (the default), the checks :func:`tx_helpers.grading.find_checks` pairs with
-  the classes and functions defined in the notebook, run on their final definitions
-  (source "auto").
+What is graded: the classes and functions defined in the exercise cells, which
+``tools/make_exercises.py`` marks in the cell metadata (``tx_exercise``: number, name,
+section). A notebook's own demonstration code (``BuggyMultiHeadAttention``, an
+``ArticleEncoder``) lives in other cells and is never graded. Each exercised name gets the
+check :func:`tx_helpers.grading.find_checks` pairs with it, run on its final definition;
+a check the notebook ran itself on the same object is not counted again. A notebook
+without that metadata (an older copy) falls back to every class and function it defines.
 
-The CSV has one row per check: notebook, source, check, passed, mistakes, diagnosis; plus
-one row per notebook (check "cells") counting the cells that raised. Exit status 0.
+Outputs:
+
+- the CSV (``--out``): one row per check with notebook, exercise (the numbers and names it
+  covers), check, passed, mistakes, diagnosis; plus one ``cells`` row per notebook counting
+  the cells that raised (information, not marks);
+- a summary next to it (``grades_summary.txt`` for ``grades.csv``): one line per notebook
+  with its marks (checks passed / checks), then one line per failed check.
+
+Exit status: 0; with ``--strict``, 1 when any check failed or a notebook could not be graded.
+The script runs the learners' code: run it in a container or a throw-away account.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import csv
 import json
 import sys
@@ -27,23 +39,52 @@ import nbformat
 from nbclient import NotebookClient
 
 MARK = "@@TX_GRADES@@"
+META_KEY = "tx_exercise"
 COLLECT = """\
 import json as _json
 import tx_helpers.grading as _grading
-_records = [dict(r.as_dict(), source="notebook") for r in _grading.history()]
-if {auto}:
-    for _label, _run in _grading.find_checks(globals()):
-        _records.append(dict(_run(verbose=False).as_dict(), source="auto", label=_label))
+_names = {names!r}
+_space = dict(globals()) if _names is None else {{n: globals()[n] for n in _names
+                                                 if n in globals()}}
+_records = []
+for _label, _run in _grading.find_checks(_space):
+    _records.append(dict(_run(verbose=False).as_dict(), label=_label))
 print({mark!r} + _json.dumps(_records))
 """
-FIELDS = ["notebook", "source", "check", "passed", "mistakes", "diagnosis"]
+FIELDS = ["notebook", "exercise", "check", "passed", "mistakes", "diagnosis"]
 
 
-def run_notebook(path: Path, timeout: int = 120, auto: bool = True) -> tuple[list[dict], int]:
-    """Execute ``path`` (a copy in memory) and return (check records, cells that raised)."""
+def defined_names(source: str) -> list[str]:
+    """Top-level classes and functions a cell defines (IPython magics skipped)."""
+    lines = [line for line in source.split("\n") if not line.lstrip().startswith(("%", "!"))]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return []
+    return [node.name for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def exercises_of(nb) -> dict[str, list[dict]]:
+    """Name defined in an exercise cell -> the exercises (number, name, section) it holds."""
+    found: dict[str, list[dict]] = {}
+    for cell in nb.cells:
+        items = cell.get("metadata", {}).get(META_KEY)
+        if cell.cell_type != "code" or not items:
+            continue
+        for name in defined_names(cell.source):
+            found.setdefault(name, []).extend(
+                item for item in items if item["name"].split(".")[0] == name)
+    return found
+
+
+def run_notebook(path: Path, timeout: int = 120) -> tuple[list[dict], int, dict]:
+    """Execute ``path`` (a copy in memory): (check records, cells that raised, exercises)."""
     nb = nbformat.read(path, as_version=4)
+    exercises = exercises_of(nb)
     n_cells = len(nb.cells)
-    nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(auto=auto, mark=MARK)))
+    names = sorted(exercises) if exercises else None
+    nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(names=names, mark=MARK)))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute()
@@ -52,21 +93,47 @@ def run_notebook(path: Path, timeout: int = 120, auto: bool = True) -> tuple[lis
     for out in nb.cells[-1].outputs:
         text = out.get("text", "")
         if out.get("output_type") == "stream" and MARK in text:
-            return json.loads(text.split(MARK, 1)[1]), errors
-    return [], errors  # the collecting cell failed: tx_helpers missing in the kernel?
+            return json.loads(text.split(MARK, 1)[1]), errors, exercises
+    return [], errors, exercises  # the collecting cell failed: tx_helpers missing?
 
 
-def rows_for(path: Path, records: list[dict], errors: int) -> list[dict]:
-    rows = [{"notebook": path.name, "source": "notebook", "check": "cells",
-             "passed": errors == 0, "mistakes": f"{errors} cell(s) raised" if errors else "",
-             "diagnosis": ""}]
+def exercise_label(record: dict, exercises: dict) -> str:
+    subjects = record.get("subject", "").split(",")
+    items = [item for s in subjects for item in exercises.get(s, [])]
+    return "; ".join(f"{i['number']}. {i['name']}" for i in items) or "-"
+
+
+def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> list[dict]:
+    rows = [{"notebook": path.name, "exercise": "", "check": "cells", "passed": errors == 0,
+             "mistakes": f"{errors} cell(s) raised" if errors else "", "diagnosis": ""}]
     for r in records:
         diagnosis = next((m[len("Diagnosis: "):] for m in r["messages"]
                           if m.startswith("Diagnosis: ")), "")
-        rows.append({"notebook": path.name, "source": r["source"],
+        rows.append({"notebook": path.name, "exercise": exercise_label(r, exercises),
                      "check": r.get("label", r["name"]), "passed": r["passed"],
                      "mistakes": " ".join(r["mistakes"]), "diagnosis": diagnosis})
+    checked = {s for r in records for s in r.get("subject", "").split(",")}
+    for name, items in exercises.items():
+        if name not in checked:  # an exercise no check covers: say so, count nothing
+            rows.append({"notebook": path.name, "check": "none", "passed": "",
+                         "exercise": "; ".join(f"{i['number']}. {i['name']}" for i in items),
+                         "mistakes": "", "diagnosis": "no automatic check for this exercise"})
     return rows
+
+
+def summary_line(path: Path, rows: list[dict]) -> list[str]:
+    graded = [r for r in rows if r["check"] not in ("cells", "none")]
+    passed = sum(r["passed"] is True for r in graded)
+    cells = rows[0]["mistakes"] or "no cell raised"
+    lines = [f"{path.name}: {passed}/{len(graded)} checks passed ({cells})"]
+    for r in graded:
+        if r["passed"] is not True:
+            lines.append(f"  - exercise {r['exercise']}: {r['check']}: "
+                         f"{r['diagnosis'] or r['mistakes']}")
+    for r in rows:
+        if r["check"] == "none":
+            lines.append(f"  - exercise {r['exercise']}: not checked automatically")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -74,21 +141,26 @@ def main(argv=None) -> int:
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("grades.csv"))
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell")
-    parser.add_argument("--no-auto", dest="auto", action="store_false",
-                        help="only report the checks the notebooks ran themselves")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 if any check failed or a notebook could not be graded")
     args = parser.parse_args(argv)
-    rows = []
+    rows, summary, failed = [], [], False
     for path in args.notebooks:
-        records, errors = run_notebook(path, args.timeout, args.auto)
-        rows += rows_for(path, records, errors)
-        passed = sum(r["passed"] for r in records)
-        print(f"{path.name}: {passed}/{len(records)} checks passed, {errors} cell(s) raised")
+        records, errors, exercises = run_notebook(path, args.timeout)
+        mine = rows_for(path, records, errors, exercises)
+        rows += mine
+        lines = summary_line(path, mine)
+        summary += lines
+        failed |= not records or not all(r["passed"] for r in records)
+        print(lines[0])
     with args.out.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-    print(f"wrote {args.out}")
-    return 0
+    summary_path = args.out.with_name(f"{args.out.stem}_summary.txt")
+    summary_path.write_text("\n".join(summary) + "\n", encoding="utf-8")
+    print(f"wrote {args.out} and {summary_path}")
+    return 1 if args.strict and failed else 0
 
 
 if __name__ == "__main__":

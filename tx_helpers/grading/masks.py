@@ -71,7 +71,9 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
         if cross_fn is not None:
             _probe_cross_mask(report, cross_fn, src, tgt)
 
-    return _run_check("check_masks", body, verbose, None)
+    return _run_check("check_masks", body, verbose, ",".join(
+        getattr(f, "__name__", "") for f in (padding_fn, lookahead_fn, decoder_fn, cross_fn)
+        if f is not None))
 
 
 def _guard(report: _Report, probe):

@@ -179,6 +179,8 @@ def _call(report: _Report, what: str, fn, *args, shape_hint: str = "", **kwargs)
 
 
 def _subject(obj) -> str:
+    if isinstance(obj, str):
+        return obj
     return getattr(obj, "__name__", "") or getattr(getattr(obj, "func", None), "__name__", "")
 
 
