@@ -90,3 +90,80 @@ def test_string_helpers():
     assert len(translate(model, texts, DATE_VOCAB, max_len=12, batch_size=2)) == 3
     pairs = list(zip(texts, a, strict=True))
     assert exact_match_accuracy(model, pairs, DATE_VOCAB, max_len=12) == 1.0
+
+
+# ---------------------------------------------------------------- arguments refused
+
+def bad_call(decoder, **overrides):
+    model = random_model(torch.float32, seed=3)
+    kwargs = dict(src=padded_src(2, seed=3), bos_idx=BOS, eos_idx=EOS, max_len=5)
+    kwargs.update(overrides)
+    src = kwargs.pop("src")
+    return lambda: decoder(model, src, **kwargs)
+
+
+DECODERS = [pytest.param(greedy_decode, id="greedy"), pytest.param(tx.beam_search, id="beam")]
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("overrides, exc, message", [
+    ({"eos_idx": 11}, ValueError, r"eos_idx=11 is outside the target vocabulary \[0, 11\)"),
+    ({"bos_idx": -1}, ValueError, r"bos_idx must be >= 0, got bos_idx=-1"),
+    ({"eos_idx": 2.0}, TypeError, r"eos_idx must be an int, got float"),
+    ({"eos_idx": BOS}, ValueError, r"bos_idx and eos_idx must differ, got 1 for both"),
+    ({"eos_idx": PAD}, ValueError, r"eos_idx=0 is the model's pad id \(config.pad_idx=0\)"),
+    ({"bos_idx": PAD}, ValueError, r"bos_idx=0 is the model's pad id"),
+    ({"pad_idx": 3}, ValueError, r"pad_idx=3 differs from the model's config.pad_idx=0"),
+    ({"pad_idx": 99}, ValueError, r"pad_idx=99 differs from the model's config.pad_idx=0"),
+    ({"src": torch.zeros(0, 4, dtype=torch.long)}, ValueError,
+     r"src must hold at least one sequence, got shape \(0, 4\)"),
+    ({"src": torch.full((2, 3), 11)}, ValueError, r"src contains token id 11, outside"),
+    ({"max_len": 0}, ValueError, r"max_len must be positive"),
+    ({"max_len": 40}, ValueError, r"positional table has max_len=40"),
+])
+def test_decoders_refuse_bad_arguments(decoder, overrides, exc, message):
+    with pytest.raises(exc, match=message):
+        bad_call(decoder, **overrides)()
+
+
+@pytest.mark.parametrize("penalty, exc, message", [
+    (float("nan"), ValueError, r"length_penalty must be a finite number >= 0, got nan"),
+    (float("inf"), ValueError, r"finite number >= 0, got inf"),
+    (-0.5, ValueError, r"finite number >= 0, got -0.5"),
+    ("0.6", TypeError, r"length_penalty must be a float >= 0, got str"),
+])
+def test_beam_refuses_bad_length_penalty(penalty, exc, message):
+    with pytest.raises(exc, match=message):
+        bad_call(tx.beam_search, length_penalty=penalty)()
+
+
+def test_memory_of_another_dtype_is_refused():
+    model = random_model(torch.float32, seed=3)
+    src = padded_src(2, seed=3)
+    memory = model.encode(src).double()  # (N, L_src, d_model) float64
+    with pytest.raises(TypeError, match=r"memory has dtype torch.float64, but the model's "
+                                        r"weights are torch.float32"):
+        model.decode(torch.full((2, 1), BOS), memory)
+
+
+def test_translate_refuses_a_vocabulary_with_another_pad_id():
+    model = tx.Transformer(tx.ModelConfig(src_vocab_size=len(DATE_VOCAB),
+                                          tgt_vocab_size=len(DATE_VOCAB)))  # pad_idx=1
+    with pytest.raises(ValueError, match=r"vocabulary's pad id \(0\) differs from the model's "
+                                         r"config.pad_idx \(1\)"):
+        translate(model, ["1 Jan 2000"], DATE_VOCAB)
+
+
+@pytest.mark.parametrize("bos, eos", [(3, 4), (10, 5), (5, 10)])
+def test_cached_equals_uncached_for_accepted_special_ids(bos, eos):
+    """Any accepted BOS/EOS pair (not PAD, not equal) decodes the same with and without cache."""
+    model = random_model(torch.float32, seed=bos + eos)
+    src = padded_src(6, seed=bos)
+    for decoder in (greedy_decode, tx.beam_search):
+        plain = decoder(model, src, bos_idx=bos, eos_idx=eos, max_len=15, use_cache=False)
+        cached = decoder(model, src, bos_idx=bos, eos_idx=eos, max_len=15, use_cache=True)
+        if decoder is greedy_decode:
+            assert torch.equal(plain, cached)
+        else:
+            assert torch.equal(plain.tokens, cached.tokens)
+            torch.testing.assert_close(plain.scores, cached.scores)

@@ -29,7 +29,7 @@ folder) and prints the same Markdown. Sections:
    (working directory ``notebooks/``, output written to a temporary copy, never in
    place), wall time including kernel start-up, and the series total.
 5. Time to 98% exact match on the dates task: the package's ``DATES_RECIPE``,
-   trained exactly as ``tx_helpers.pretrained.train_dates_model`` does, paused
+   trained exactly as ``tx_helpers.pretrained.train_from_recipe`` does, paused
    periodically to measure free-running greedy exact match on held-out dates; the
    reported time is training time only (evaluation excluded), at the first evaluation
    that reaches the target.
@@ -424,14 +424,16 @@ def bench_decoding(s: dict) -> dict:
     gen = torch.Generator().manual_seed(1)
     src = padded_batch(s["decode_batch"], s["decode_src_len"], config.src_vocab_size,
                        config.pad_idx, gen)
-    never = config.tgt_vocab_size  # an id the argmax can never return: no row ever ends
+    eos = 2  # made unreachable below, so no row ever ends
+    with torch.no_grad():
+        model.generator.bias[eos] = float("-inf")
     rows, raw = [], {}
     for new_tokens in s["decode_tokens"]:
         outputs = {}
 
         def make(use_cache, new_tokens=new_tokens, outputs=outputs):
             def run():
-                ids = tx.greedy_decode(model, src, bos_idx=0, eos_idx=never,
+                ids = tx.greedy_decode(model, src, bos_idx=0, eos_idx=eos,
                                        max_len=new_tokens, use_cache=use_cache)
                 outputs[use_cache] = ids
             return run
@@ -454,8 +456,9 @@ def bench_decoding(s: dict) -> dict:
         "rows": rows,
         "raw_ms": raw,
         "notes": [
-            f"Batch of {src.size(0)} sources of {src.size(1)} tokens (padded); eos_idx = "
-            f"{never} (outside the vocabulary) so exactly that many tokens are generated.",
+            f"Batch of {src.size(0)} sources of {src.size(1)} tokens (padded); the "
+            f"generator's bias for eos_idx = {eos} is -inf, so exactly that many tokens are "
+            f"generated.",
         ],
     }
 
@@ -468,7 +471,6 @@ def bench_notebooks(s: dict) -> dict:
 
     folder = REPO / "notebooks"
     paths = sorted(folder.glob(s["nb_glob"]))
-    cache_files = sorted(p.name for p in (REPO / ".cache").glob("dates-*.pt"))
     rows, total = [], 0.0
     with tempfile.TemporaryDirectory() as tmp:
         for path in paths:
@@ -495,9 +497,8 @@ def bench_notebooks(s: dict) -> dict:
         "subset": s["nb_glob"] != "[0-9]*.ipynb",
         "notes": [
             "Wall time of nbclient's execute(), kernel start-up included, working directory "
-            "notebooks/. Dates-model cache at the start: "
-            + (", ".join(cache_files) if cache_files else "none (a notebook that loads it "
-               "trains it first)") + ".",
+            "notebooks/. The trained models are the shipped files in tx_helpers/models/ "
+            "(nothing is trained for notebooks 09-11).",
         ],
     }
 
@@ -505,25 +506,19 @@ def bench_notebooks(s: dict) -> dict:
 # ---------------------------------------------------------------- 5. dates task
 
 def bench_dates(s: dict) -> dict:
-    from tx_helpers.data import DATE_VOCAB, DatePairs, date_batches, date_model_config
+    from tx_helpers.data import DATE_VOCAB, DatePairs
     from tx_helpers.decoding import exact_match_accuracy
-    from tx_helpers.pretrained import DATES_RECIPE
-    from tx_helpers.training import History, noam_scheduler, paper_adam, train
+    from tx_helpers.pretrained import DATES_RECIPE, dates_training
+    from tx_helpers.training import History, train
 
     recipe = dict(DATES_RECIPE)
     if s.get("dates_steps"):  # --dates-steps: the same recipe, trained for longer or shorter
         recipe["steps"] = s["dates_steps"]
     steps = recipe["steps"] if s["dates_max_steps"] is None else s["dates_max_steps"]
-    # Exactly tx_helpers.pretrained.train_dates_model, in pieces.
+    # The same objects tx_helpers.pretrained.train_from_recipe trains, paused to evaluate.
     state = torch.get_rng_state()
-    torch.manual_seed(recipe["seed"])
-    config = date_model_config(**recipe["model"])
-    model = tx.Transformer(config)
-    optimizer = paper_adam(model.parameters())
-    scheduler = noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"])
+    model, optimizer, scheduler, batches = dates_training(recipe)
     pairs = DatePairs(recipe["test_fraction"], recipe["split_seed"])
-    batches = date_batches(recipe["steps"], recipe["batch_size"], seed=recipe["seed"],
-                           pairs=pairs, bucket=recipe["bucket"])
     held_out = pairs.sample(s["dates_eval_n"], "test", seed=2024)
     history = History()
     trained_s, done, curve, reached = 0.0, 0, [], None

@@ -41,8 +41,11 @@ def check_divisible(d_model: int, n_heads: int) -> None:
         )
 
 
-def check_features(name: str, x, d_model: int) -> None:
-    """``x`` must be a floating tensor of shape (N, L, d_model)."""
+def check_features(name: str, x, d_model: int, dtype: torch.dtype | None = None) -> None:
+    """``x`` must be a floating tensor of shape (N, L, d_model) (and of ``dtype``, if given).
+
+    The dtype is not checked under autocast, where mixed dtypes are the point.
+    """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -60,6 +63,9 @@ def check_features(name: str, x, d_model: int) -> None:
             f"{name} has feature size {x.size(-1)}, expected d_model={d_model} "
             f"(shape {tuple(x.shape)}, expected (N, L, {d_model}))"
         )
+    if dtype is not None and x.dtype != dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} has dtype {x.dtype}, but the model's weights are {dtype}; "
+                        f"convert one of them (e.g. {name}.to({dtype}))")
 
 
 def check_tokens(name: str, ids, vocab_size: int) -> None:

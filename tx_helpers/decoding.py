@@ -1,23 +1,66 @@
 """Free-running greedy decoding, with and without a key/value cache, and accuracy helpers."""
 from __future__ import annotations
 
+import math
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_positive_int, check_tokens
+from ._checks import check_nonnegative_int, check_positive_int, check_tokens
 from .data import pad_sequences
 from .masks import padding_mask
 
 
-def _check_room(model, max_len: int) -> None:
-    """BOS plus ``max_len`` new tokens must fit in the positional table."""
-    if max_len + 1 > model.config.max_len:
+def _check_decoding_args(model, src, bos_idx, eos_idx, max_len, pad_idx) -> int:
+    """The checks both decoders run once per call; returns the pad id to fill with.
+
+    Refused: ids outside the target vocabulary, BOS == EOS (every row would stop at
+    once), EOS or BOS equal to PAD (the model masks pad positions as keys, so the
+    cached and uncached paths would read the prefix differently), a ``pad_idx`` that
+    is not the model's own (one source of truth: ``model.config.pad_idx``), an empty
+    batch, and ``max_len`` beyond the positional table.
+    """
+    config = model.config
+    check_tokens("src", src, config.src_vocab_size)
+    if src.size(0) == 0:
+        raise ValueError(f"src must hold at least one sequence, got shape {tuple(src.shape)}, "
+                         f"expected (N, L_src) with N >= 1")
+    check_positive_int("max_len", max_len)
+    if max_len + 1 > config.max_len:
         raise ValueError(
             f"max_len={max_len} needs {max_len + 1} decoder positions, but the model's "
-            f"positional table has max_len={model.config.max_len}"
+            f"positional table has max_len={config.max_len}"
         )
+    if pad_idx is not None and pad_idx != config.pad_idx:
+        raise ValueError(f"pad_idx={pad_idx} differs from the model's config.pad_idx="
+                         f"{config.pad_idx}; leave pad_idx out, the model's own is used")
+    pad_idx = config.pad_idx
+    vocab = config.tgt_vocab_size
+    for name, value in (("bos_idx", bos_idx), ("eos_idx", eos_idx)):
+        check_nonnegative_int(name, value)
+        if value >= vocab:
+            raise ValueError(f"{name}={value} is outside the target vocabulary "
+                             f"[0, {vocab}) of the model")
+    if bos_idx == eos_idx:
+        raise ValueError(f"bos_idx and eos_idx must differ, got {bos_idx} for both")
+    for name, value in (("bos_idx", bos_idx), ("eos_idx", eos_idx)):
+        if value == pad_idx:
+            raise ValueError(f"{name}={value} is the model's pad id (config.pad_idx="
+                             f"{pad_idx}); expected a token id other than padding")
+    return pad_idx
+
+
+@contextmanager
+def _eval_mode(model):
+    """Eval mode (no dropout) inside the block; the model's previous mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
@@ -39,13 +82,8 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
     they are excluded from the argmax. The model runs in eval mode (no dropout)
     and gets its previous mode back afterwards.
     """
-    check_tokens("src", src, model.config.src_vocab_size)
-    check_positive_int("max_len", max_len)
-    _check_room(model, max_len)
-    pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
-    was_training = model.training
-    model.eval()
-    try:
+    pad_idx = _check_decoding_args(model, src, bos_idx, eos_idx, max_len, pad_idx)
+    with _eval_mode(model):
         src_mask = padding_mask(src, model.config.pad_idx)  # (N, 1, L_src)
         memory = model.encode(src, src_mask)  # (N, L_src, d_model)
         n = src.size(0)
@@ -66,20 +104,22 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
             if bool(finished.all()):
                 break
         return ys
-    finally:
-        model.train(was_training)
 
 
 def translate(model, texts, vocab, *, max_len: int = 16, batch_size: int = 512,
               use_cache: bool = True, device=None) -> list[str]:
     """Greedy-decode a list of strings with a character ``vocab``; return strings."""
+    if vocab.pad_idx != model.config.pad_idx:
+        raise ValueError(f"the vocabulary's pad id ({vocab.pad_idx}) differs from the model's "
+                         f"config.pad_idx ({model.config.pad_idx}): build the model for this "
+                         f"vocabulary (e.g. tx.date_model_config for tx.DATE_VOCAB)")
     device = device or next(model.parameters()).device
     out = []
     for i in range(0, len(texts), batch_size):
         chunk = texts[i:i + batch_size]
         src = pad_sequences([vocab.encode(t) for t in chunk], vocab.pad_idx)  # (N, L_src)
         ids = greedy_decode(model, src.to(device), bos_idx=vocab.bos_idx, eos_idx=vocab.eos_idx,
-                            max_len=max_len, pad_idx=vocab.pad_idx, use_cache=use_cache)
+                            max_len=max_len, use_cache=use_cache)
         out.extend(vocab.decode_batch(ids.cpu()))
     return out
 
@@ -157,8 +197,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
     keys/values need no reordering: a row's beams share one source, so they
     are identical across its beams (the memory is repeated beam_size times).
     """
-    check_tokens("src", src, model.config.src_vocab_size)
-    check_positive_int("max_len", max_len)
+    pad_idx = _check_decoding_args(model, src, bos_idx, eos_idx, max_len, pad_idx)
     check_positive_int("beam_size", beam_size)
     vocab_size = model.config.tgt_vocab_size
     if beam_size > vocab_size - 3:
@@ -166,13 +205,12 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
             f"beam_size={beam_size} is too large for tgt_vocab_size={vocab_size}: expected at "
             f"most {vocab_size - 3} (PAD, BOS and EOS cannot extend a live prefix)"
         )
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
-    _check_room(model, max_len)
-    pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
-    was_training = model.training
-    model.eval()
-    try:
+    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+        raise TypeError(f"length_penalty must be a float >= 0, got "
+                        f"{type(length_penalty).__name__} ({length_penalty!r})")
+    if not (math.isfinite(length_penalty) and length_penalty >= 0):
+        raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
+    with _eval_mode(model):
         n, k, dev = src.size(0), beam_size, src.device
         src_mask = padding_mask(src, model.config.pad_idx)  # (N, 1, L_src)
         memory = model.encode(src, src_mask)  # (N, L_src, d_model)
@@ -234,5 +272,3 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
                 1, sel[:, :, None].expand(-1, -1, max_len + 1))
         length = int((fin_tokens != pad_idx).sum(-1).max())  # longest hypothesis, BOS included
         return BeamOutput(fin_tokens[:, :, :length], fin_scores)
-    finally:
-        model.train(was_training)

@@ -71,7 +71,7 @@ class Decoder(nn.Module):
         layer's keys and values are kept in ``cache["layers"]``.
         """
         check_tokens("tgt", tgt, self.embedding.num_embeddings)
-        check_features("memory", memory, self.d_model)
+        check_features("memory", memory, self.d_model, self.embedding.weight.dtype)
         check_same_batch(memory, tgt)
         start = 0
         layer_caches = [None] * len(self.layers)

@@ -1,36 +1,44 @@
-"""The trained dates model that notebooks 09-11 use: trained once, then cached.
+"""Trained models that ship with the repository, and the recipes that make them.
 
-``load_dates_model()`` looks for ``<repo>/.cache/dates-<hash>.pt`` (git-ignored;
-``~/.cache/tx_helpers`` when the repository is not writable). On a miss it
-trains the model with :data:`DATES_RECIPE` (the recipe of notebook 08, about a
-minute on 2 CPU cores) and saves it. The file name holds a hash of the recipe,
-so changing the recipe retrains instead of loading stale weights.
+Notebooks 09-11 use the dates model of notebook 08. Training it takes about a
+minute, and its weights depend on the machine (thread count and CPU kernels
+change the arithmetic from step ~7 on), so every learner would see different
+predictions. Instead the project ships the weights: ``make models`` trains each
+entry of :data:`RECIPES` and writes ``tx_helpers/models/<name>.pt`` together
+with ``tx_helpers/models/MANIFEST.json`` (the file's SHA-256, size and recipe
+hash). :func:`load_pretrained` never trains and never writes. It refuses a file
+that is missing, corrupt, replaced or made from another recipe, with an error
+that names the file and the command that rebuilds it.
 
-Training always runs on the CPU, whatever ``device`` asks for: the CPU result is
-the same on every run of a machine (for a given torch thread count), so the
-notebooks that use it print the same predictions. The model is then moved to
-``device``.
+What a model file holds (all plain tensors and values, so it loads with
+``torch.load(weights_only=True)``): the config, the weights, the recipe and its
+hash, the vocabulary, a SHA-256 of the weights, the training history and the
+machine that trained it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+import platform
 import tempfile
 from pathlib import Path
 
 import torch
 
 from .data import DATE_VOCAB, DatePairs, date_batches, date_model_config
-from .training import load_checkpoint, noam_scheduler, paper_adam, save_checkpoint, train
+from .model import Transformer
+from .notebook import get_device
+from .training import noam_scheduler, paper_adam, train
 
-#: Everything that decides the trained weights. Bump ``version`` when code that
-#: the recipe does not name changes the result.
+#: Everything that decides the trained dates weights. Bump ``version`` when code
+#: that the recipe does not name changes the result.
 DATES_RECIPE = {
     "version": 2,
-    # v1 was Post-LN with dropout 0.1 and warmup 200 at factor 1.0, and fell short of
-    # 98%. v2: Pre-LN, no dropout (every batch is fresh data; notebook 08 compares train
-    # and test exact match), a short warmup at a lower factor. Notebook 08 asserts >= 98%.
+    # v1 was Post-LN with dropout 0.1 and warmup 200 at factor 1.0 (about 97.5%).
+    # v2: Pre-LN, no dropout (every batch is fresh data), a short warmup at a lower
+    # factor. Notebook 10 compares Post-LN and Pre-LN under one budget.
     "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_layers": 2, "dropout": 0.0,
               "norm_first": True},
     "seed": 0,
@@ -45,6 +53,21 @@ DATES_RECIPE = {
     "test_fraction": 0.1,
 }
 
+#: The shipped models: name -> recipe. The under-trained model is the same run
+#: stopped after a quarter of its steps (notebook 09 studies its mistakes).
+RECIPES = {
+    "dates": DATES_RECIPE,
+    "dates-under-trained": {**DATES_RECIPE, "steps": DATES_RECIPE["steps"] // 4},
+}
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+MANIFEST = MODELS_DIR / "MANIFEST.json"
+REBUILD = "make models"  # the command that rebuilds every shipped model
+
+
+class ModelFileError(ValueError):
+    """A shipped model file is missing, corrupt, or does not match its recipe."""
+
 
 def recipe_hash(recipe: dict = DATES_RECIPE) -> str:
     """First 12 hex digits of the SHA-256 of the recipe as sorted JSON."""
@@ -52,82 +75,179 @@ def recipe_hash(recipe: dict = DATES_RECIPE) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _writable(folder: Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder):
-            pass
-        return True
-    except OSError:
-        return False
+def weights_sha256(state_dict: dict) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in key order."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
-def cache_dir() -> Path:
-    """``<repo>/.cache`` in a writable checkout, else ``~/.cache/tx_helpers``."""
-    repo = Path(__file__).resolve().parent.parent
-    if (repo / "pyproject.toml").is_file() and _writable(repo / ".cache"):
-        return repo / ".cache"
-    home = Path.home() / ".cache" / "tx_helpers"
-    home.mkdir(parents=True, exist_ok=True)
-    return home
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def dates_model_path(recipe: dict = DATES_RECIPE) -> Path:
-    return cache_dir() / f"dates-{recipe_hash(recipe)}.pt"
+def model_path(name: str) -> Path:
+    _recipe(name)
+    return MODELS_DIR / f"{name}.pt"
 
 
-def train_dates_model(recipe: dict = DATES_RECIPE, *, progress: bool = False):
-    """Train the dates model from scratch on the CPU: returns ``(model, history)``."""
+def _recipe(name: str) -> dict:
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of {sorted(RECIPES)}, got {name!r}")
+    return RECIPES[name]
+
+
+# ---------------------------------------------------------------- training
+
+def dates_training(recipe: dict = DATES_RECIPE):
+    """Seed, then build what the recipe names: ``(model, optimizer, scheduler, batches)``.
+
+    The one place a dates recipe turns into objects: :func:`train_from_recipe`
+    and ``tools/bench.py`` both start here. ``batches`` is a generator of
+    ``recipe["steps"]`` fresh training batches.
+    """
     torch.manual_seed(recipe["seed"])
     config = date_model_config(**recipe["model"])
-    from .model import Transformer
-
     model = Transformer(config)
     optimizer = paper_adam(model.parameters())
     scheduler = noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"])
     pairs = DatePairs(recipe["test_fraction"], recipe["split_seed"])
     batches = date_batches(recipe["steps"], recipe["batch_size"], seed=recipe["seed"],
                            pairs=pairs, bucket=recipe["bucket"])
-    history = train(model, batches, optimizer, scheduler,
-                    label_smoothing=recipe["label_smoothing"], clip_norm=recipe["clip_norm"],
-                    progress=progress, total=recipe["steps"])
-    model.eval()
-    return model, history
+    return model, optimizer, scheduler, batches
 
 
-def save_dates_model(model, path: Path | None = None, *, recipe: dict = DATES_RECIPE) -> Path:
-    """Write ``model`` to the cache (atomically: a temp file, then a rename)."""
-    path = Path(path) if path is not None else dates_model_path(recipe)
+def train_from_recipe(recipe: dict = DATES_RECIPE, *, progress: bool = False):
+    """Train a dates model from scratch on the CPU: returns ``(model, history)``.
+
+    Torch's global random state is put back afterwards, so a caller's random
+    stream does not depend on whether it trained.
+    """
+    state = torch.get_rng_state()
+    try:
+        model, optimizer, scheduler, batches = dates_training(recipe)
+        history = train(model, batches, optimizer, scheduler,
+                        label_smoothing=recipe["label_smoothing"],
+                        clip_norm=recipe["clip_norm"], progress=progress, total=recipe["steps"])
+    finally:
+        torch.set_rng_state(state)
+    return model.eval(), history
+
+
+# ---------------------------------------------------------------- writing
+
+def _atomic_write(path: Path, write) -> None:
+    """``write(tmp_path)``, then rename over ``path``: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_checkpoint(tmp, model, extra={"recipe_hash": recipe_hash(recipe),
-                                           "vocab": "".join(DATE_VOCAB.itos[3:])})
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def save_pretrained(name: str, model, history=None, *, folder: Path | None = None) -> Path:
+    """Write ``<folder>/<name>.pt`` and its MANIFEST.json entry, each atomically."""
+    recipe = _recipe(name)
+    folder = MODELS_DIR if folder is None else Path(folder)
+    path = folder / f"{name}.pt"
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    blob = {
+        "config": dataclasses.asdict(model.config),
+        "model": state,
+        "extra": {
+            "name": name,
+            "recipe": recipe,
+            "recipe_hash": recipe_hash(recipe),
+            "vocab": "".join(DATE_VOCAB.itos),
+            "weights_sha256": weights_sha256(state),
+            "history": {} if history is None else {
+                "loss": history.loss, "accuracy": history.accuracy, "lr": history.lr,
+                "grad_norm": history.grad_norm, "seconds": history.seconds},
+            "made_with": {"torch": str(torch.__version__), "threads": torch.get_num_threads(),
+                          "machine": platform.machine()},
+        },
+    }
+    _atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    manifest_path = folder / MANIFEST.name
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest[name] = {"file": path.name, "bytes": path.stat().st_size,
+                      "sha256": file_sha256(path), "recipe_hash": recipe_hash(recipe)}
+    text = json.dumps(dict(sorted(manifest.items())), indent=2) + "\n"
+    _atomic_write(manifest_path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 
-def load_dates_model(device=None, *, retrain: bool = False, progress: bool = False):
-    """The trained dates model in eval mode on ``device`` (default: tx.get_device()).
+def build(names=None, *, progress: bool = True) -> list[Path]:
+    """Train and save the named models (default: all of :data:`RECIPES`). ``make models``."""
+    paths = []
+    for name in names or sorted(RECIPES):
+        print(f"{name}: training recipe {recipe_hash(_recipe(name))} on the CPU "
+              f"({torch.get_num_threads()} threads)", flush=True)
+        model, history = train_from_recipe(_recipe(name), progress=progress)
+        paths.append(save_pretrained(name, model, history))
+        print(f"{name}: wrote {paths[-1]} ({paths[-1].stat().st_size:,} bytes)", flush=True)
+    return paths
 
-    First call: trains with :data:`DATES_RECIPE` (about a minute on 2 CPU cores)
-    and caches the weights; later calls load the cache. ``retrain=True`` ignores
-    the cache.
+
+# ---------------------------------------------------------------- loading
+
+def load_pretrained(name: str = "dates", device=None, *, folder: Path | None = None):
+    """A shipped model, checked, in eval mode on ``device``: returns ``(model, info)``.
+
+    ``info`` is the file's ``extra`` dict (recipe, history, ...). Raises
+    :class:`ModelFileError`, naming the file and ``make models``, when the file is
+    missing, does not match MANIFEST.json, cannot be read, or its recipe hash,
+    config, vocabulary or weights checksum disagree with what this code expects.
     """
-    from .notebook import get_device
+    recipe = _recipe(name)
+    folder = MODELS_DIR if folder is None else Path(folder)
+    path = folder / f"{name}.pt"
+    fix = f"rebuild it with `{REBUILD}`"
 
+    def fail(problem: str):
+        raise ModelFileError(f"model file {path}: {problem}; {fix}")
+
+    if not path.is_file():
+        fail("not found")
+    try:
+        entry = json.loads((folder / MANIFEST.name).read_text())[name]
+    except (OSError, ValueError, KeyError) as err:
+        fail(f"no readable entry for {name!r} in {MANIFEST.name} ({type(err).__name__})")
+    got = file_sha256(path)
+    if got != entry["sha256"]:
+        fail(f"SHA-256 is {got[:12]}..., but {MANIFEST.name} expects {entry['sha256'][:12]}... "
+             f"(corrupt, truncated or replaced)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        extra, state = blob["extra"], blob["model"]
+        config = date_model_config(**recipe["model"])
+        saved_config = blob["config"]
+    except Exception as err:  # any unreadable file: name it instead of torch's internals
+        first_line = str(err).strip().splitlines()[0][:120] if str(err).strip() else ""
+        fail(f"cannot be read ({type(err).__name__}: {first_line})")
+    expected = recipe_hash(recipe)
+    if extra.get("recipe_hash") != expected or entry.get("recipe_hash") != expected:
+        fail(f"made from recipe {extra.get('recipe_hash')}, but the code's recipe is {expected}")
+    if saved_config != dataclasses.asdict(config):
+        fail(f"config {saved_config} differs from the recipe's {dataclasses.asdict(config)}")
+    if extra.get("vocab") != "".join(DATE_VOCAB.itos):
+        fail("its vocabulary differs from tx.DATE_VOCAB")
+    if weights_sha256(state) != extra.get("weights_sha256"):
+        fail("its weights do not match the checksum stored with them")
+    model = Transformer(config)
+    model.load_state_dict(state)
     device = get_device() if device is None else torch.device(device)
-    path = dates_model_path()
-    if retrain or not path.is_file():
-        state = torch.get_rng_state()  # training must not shift the caller's random stream
-        try:
-            model, _ = train_dates_model(progress=progress)
-        finally:
-            torch.set_rng_state(state)
-        save_dates_model(model, path)
-    model, _ = load_checkpoint(path, device=device)
-    return model.eval()
+    return model.to(device).eval(), extra
+
+
+def load_dates_model(device=None):
+    """The trained dates model of notebook 08 (shipped, checked), in eval mode on ``device``."""
+    return load_pretrained("dates", device)[0]
