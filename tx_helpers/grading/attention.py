@@ -21,7 +21,7 @@ def _attention_variant(q, k, v, mask, scale=None, axis=-1, masking=None, values=
                        d_model=None):
     d_k = q.size(-1)
     s = q @ k.transpose(-2, -1)
-    divisor = {None: math.sqrt(d_k), "none": 1.0, "d_k": d_k,
+    divisor = {None: math.sqrt(d_k), "none": 1.0, "d_k": d_k, "d_v": math.sqrt(v.size(-1)),
                "d_model": math.sqrt(d_model or d_k)}[scale]
     s = s / divisor
     if mask is not None:
@@ -39,7 +39,7 @@ def _attention_variant(q, k, v, mask, scale=None, axis=-1, masking=None, values=
 
 def _attention_axes(masked: bool, d_model: int | None = None, ndim: int = 4):
     axes = {
-        "scale": [None, ("no_scaling", "none"), ("scale_d_k", "d_k")],
+        "scale": [None, ("no_scaling", "none"), ("scale_d_k", "d_k"), ("scale_d_v", "d_v")],
         "axis": [-1] + [("softmax_wrong_axis", a) for a in range(-2, -ndim - 1, -1)],
         "values": ["v", ("weights_times_k", "k")],
     }
@@ -121,13 +121,17 @@ def _scaled_reference(q, k, v, mask):
 
 
 def _scale_probe(report: _Report, fn) -> None:
-    """Two keys, one query: the output weight on key 1 reveals the scale the learner used."""
-    d_k = 64
+    """Two keys, one query: the weight on key 1 reveals the scale the learner used.
+
+    d_v (16) differs from d_k (64), so dividing by sqrt(d_v) is told from no scaling.
+    """
+    d_k, d_v = 64, 16
     q = torch.zeros(1, 1, 1, d_k)
     q[..., 0] = 4.0
     k = torch.zeros(1, 1, 2, d_k)
     k[..., 1, 0] = 1.0  # q.k0 = 0, q.k1 = 4
-    v = torch.tensor([0.0, 1.0]).view(1, 1, 2, 1)
+    v = torch.zeros(1, 1, 2, d_v)
+    v[..., 1, :] = 1.0  # every output feature is the weight on key 1
     try:
         out = fn(q, k, v)
         out = out[0] if isinstance(out, (tuple, list)) else out
@@ -146,6 +150,8 @@ def _scale_probe(report: _Report, fn) -> None:
         report.mistake("no_scaling")
     elif abs(divisor - d_k) / d_k < 0.02:
         report.mistake("scale_d_k")
+    elif abs(divisor - math.sqrt(d_v)) / math.sqrt(d_v) < 0.02:
+        report.mistake("scale_d_v")
     else:
         report.mistake("scale_other", f"with d_k={d_k} your code divides the scores by about "
                        f"{divisor:.3g} = sqrt({divisor ** 2:.4g}) instead of sqrt(d_k) = "

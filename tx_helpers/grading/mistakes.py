@@ -76,6 +76,12 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "unused_projection": ("a projection layer is not used", "project query, key and value with "
                           "their own layer: q = self.w_q(query), k = self.w_k(key), "
                           "v = self.w_v(value)"),
+    "key_value_swapped": ("key and value are swapped: the scores use the value tensor and the "
+                          "output mixes the key tensor", "q = self.w_q(query), "
+                          "k = self.w_k(key), v = self.w_v(value); forward(query, key, value)"),
+    "scale_d_v": ("the scores are divided by sqrt(d_v), the size of the values (v.size(-1)); "
+                  "the scale is sqrt(d_k), the size of the queries and keys",
+                  "d_k = q.size(-1); scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)"),
     "mask_needs_head_axis": ("a 3-D mask (N, L_q, L_k) or (N, 1, L_k) does not broadcast over "
                              "the heads", "add the head axis inside forward: "
                              "mask = mask.unsqueeze(1) gives (N, 1, L_q, L_k)"),
@@ -130,6 +136,9 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "pe_concatenated": ("sin and cos are concatenated as two halves instead of interleaved on "
                         "even/odd columns", "pe[:, 0::2] = sin(...); pe[:, 1::2] = cos(...)"),
     "pe_positions_from_1": ("positions start at 1 instead of 0", "torch.arange(max_len)"),
+    "pe_odd_d_model": ("the table fails or is wrong for an odd d_model: there is one cos "
+                       "column fewer than sin columns", "pe[:, 1::2] = torch.cos(angles"
+                       "[:, : d_model // 2]) (the sin columns take all of them)"),
     "pe_not_buffer": ("`pe` is not a registered buffer", "self.register_buffer('pe', table): a "
                       "buffer moves with .to(), is saved in state_dict and is never trained"),
     "pe_scales_input": ("forward multiplies x by sqrt(d_model); that scaling belongs to the "
@@ -217,8 +226,9 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "grad_norm_after_clip": ("the returned gradient norm is measured after clipping (it equals "
                              "clip_norm)", "return what clip_grad_norm_ returns: the norm before "
                              "clipping"),
-    "wrong_return": ("the step does not return (loss, grad_norm) as two numbers",
-                     "return loss.item(), grad_norm.item()"),
+    "wrong_return": ("the step does not return what tx.train_step returns: a dict with the "
+                     "loss and the gradient norm as numbers",
+                     "return {\"loss\": loss.item(), \"grad_norm\": grad_norm.item()}"),
     "checker_failed": ("the check itself failed on your code; this says nothing about whether "
                        "your code is right", "compare your output with the tx_helpers version "
                        "by hand, and tell the course authors which layout broke the check"),

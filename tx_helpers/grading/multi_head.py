@@ -18,7 +18,9 @@ from .weights import copy_reference
 
 
 def _mha_variant(ref: MultiHeadAttention, query, key, value, mask, scale=None, axis=-1,
-                 split=None, masking=None, out_proj=True):
+                 split=None, masking=None, out_proj=True, kv=None):
+    if kv == "swap":
+        key, value = value, key
     n, l_q, d_model = query.shape
     l_k = key.size(1)
     h, d_k = ref.n_heads, ref.d_k
@@ -52,6 +54,7 @@ def _mha_axes(masked: bool):
                   ("heads_view_without_transpose", "nlhd"),
                   ("heads_merge_without_transpose", "merge_only")],
         "out_proj": [True, ("no_output_projection", False)],
+        "kv": [None, ("key_value_swapped", "swap")],
     }
     if masked:
         axes["masking"] = [None, ("mask_inverted", "inverted"), ("mask_ignored", "ignored"),
@@ -88,6 +91,7 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         n, l_q, l_k = 2, 5, 7
         x = torch.randn(n, l_q, d_model, generator=gen)
         mem = torch.randn(n, l_k, d_model, generator=gen)
+        mem_v = torch.randn(n, l_k, d_model, generator=gen)  # values differ from the keys
         placed = copy_reference(report, module, ref, warmup=lambda m: m(x, x, x),
                        what=f"attributes {', '.join(names)} are nn.Linear layers", strict=True)
 
@@ -126,9 +130,11 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         for name in unused:
             if name != "w_o":
                 report.mistake("unused_projection", f"self.{name} has no effect on the output")
-        out_c = run(x, mem, mem, what="cross-attention forward(x, memory, memory), L_q != L_k")
-        _compare(report, f"cross-attention (L_q={l_q}, L_k={l_k}) matches the reference",
-                 out_c, ref(x, mem, mem), _mha_axes(False), variants(x, mem, mem, None))
+        out_c = run(x, mem, mem_v, what="cross-attention forward(x, key, value), L_q != L_k, "
+                    "key and value different tensors")
+        _compare(report, f"cross-attention (L_q={l_q}, L_k={l_k}, key != value) matches the "
+                 "reference", out_c, ref(x, mem, mem_v), _mha_axes(False),
+                 variants(x, mem, mem_v, None))
         mask = _both_kinds_mask((n, l_q, l_q), gen)
         try:
             out_m = run(x, x, x, mask, what="forward(x, x, x, mask) with mask (N, L, L)")

@@ -1,6 +1,7 @@
 """Check: one training step, against tx.train_step."""
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 
@@ -40,9 +41,31 @@ def _number(x) -> float:
     return x.item() if isinstance(x, torch.Tensor) else float(x)
 
 
+def _legacy_order(fn) -> bool:
+    """True for the older ``fn(model, batch, optimizer, scheduler, criterion, ...)`` order."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return names[3:5] == ["scheduler", "criterion"]
+
+
+def _pair(r):
+    """(loss, grad_norm) from a dict like tx.train_step's, or from a 2-tuple."""
+    if isinstance(r, dict) and "loss" in r and "grad_norm" in r:
+        return _number(r["loss"]), _number(r["grad_norm"])
+    if isinstance(r, (tuple, list)) and len(r) == 2:
+        return _number(r[0]), _number(r[1])
+    raise TypeError("no loss and grad_norm")
+
+
 def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
-    """Check ``fn(model, batch, optimizer, scheduler, criterion, clip_norm=1.0)``, one training
-    step returning ``(loss, grad_norm before clipping)``, against :func:`tx_helpers.train_step`.
+    """Check ``fn(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0) -> dict``,
+    the signature and return of :func:`tx_helpers.train_step`: one training step whose dict
+    holds at least ``loss`` and ``grad_norm`` (before clipping).
+
+    The older order ``fn(model, batch, optimizer, scheduler, criterion, clip_norm)`` returning
+    ``(loss, grad_norm)`` is still accepted (recognised by its parameter names).
 
     Three steps from the same start must give the reference's losses, norms and weights. A
     plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
@@ -90,10 +113,13 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
         with torch.enable_grad():
             model, optimizer, scheduler, criterion = fresh()
             returned = []
+            legacy = _legacy_order(fn)
+            order = "scheduler, criterion" if legacy else "criterion, scheduler"
             for i, batch in enumerate(batches):
+                args = (scheduler, criterion) if legacy else (criterion, scheduler)
                 returned.append(_call(report, f"step {i + 1}: fn(model, batch, optimizer, "
-                                      f"scheduler, criterion, clip_norm={clip})", fn, model,
-                                      batch, optimizer, scheduler, criterion, clip_norm=clip,
+                                      f"{order}, clip_norm={clip})", fn, model, batch,
+                                      optimizer, *args, clip_norm=clip,
                                       shape_hint=_STEP_SHAPES))
             report.probe(True, f"{n_steps} steps ran without an exception")
             ref_losses, ref_norms, ref_params = variant()
@@ -102,13 +128,15 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
                                 "the parameters change"):
                 report.mistake("no_update")
                 raise _Failed
-            pairs = [r for r in returned if isinstance(r, (tuple, list)) and len(r) == 2]
             try:
-                losses = torch.tensor([_number(r[0]) for r in pairs])
-                norms = torch.tensor([_number(r[1]) for r in pairs])
+                pairs = [_pair(r) for r in returned]
+                losses = torch.tensor([p[0] for p in pairs])
+                norms = torch.tensor([p[1] for p in pairs])
             except (TypeError, ValueError, RuntimeError):
                 pairs = []
-            if report.probe(len(pairs) == n_steps, "returns (loss, grad_norm) as numbers"):
+            what = ("returns (loss, grad_norm) as numbers" if legacy else
+                    "returns a dict with loss and grad_norm, like tx.train_step")
+            if report.probe(len(pairs) == n_steps, what):
                 _compare(report, "the losses of the three steps match the reference", losses,
                          ref_losses)
                 if not _compare(report, "the returned norms are the norms before clipping",
