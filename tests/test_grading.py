@@ -568,8 +568,8 @@ class LearnerEncoderLayer(nn.Module):
 class EncPreLN(LearnerEncoderLayer):
     def forward(self, x, mask=None):
         h = self.norm1(x)
-        x = x + self.self_attn(h, h, h, mask)
-        return x + self.feed_forward(self.norm2(x))
+        x = x + self.drop(self.self_attn(h, h, h, mask))
+        return x + self.drop(self.feed_forward(self.norm2(x)))
 
 
 class EncNormBeforeAdd(LearnerEncoderLayer):
@@ -635,14 +635,15 @@ class LearnerDecoderLayer(nn.Module):
         self.cross_attn = MHAEinsum(d_model, n_heads, dropout)
         self.feed_forward = LearnerFFN(d_model, d_ff, dropout)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
 
     def cross(self, x, memory, memory_mask):
         return self.cross_attn(x, memory, memory, memory_mask)
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None):
-        x = self.norm1(x + self.self_attn(x, x, x, tgt_mask))
-        x = self.norm2(x + self.cross(x, memory, memory_mask))
-        return self.norm3(x + self.feed_forward(x))
+        x = self.norm1(x + self.drop(self.self_attn(x, x, x, tgt_mask)))
+        x = self.norm2(x + self.drop(self.cross(x, memory, memory_mask)))
+        return self.norm3(x + self.drop(self.feed_forward(x)))
 
 
 class DecCrossOnX(LearnerDecoderLayer):

@@ -15,6 +15,7 @@ from .compare import (
     _instantiate,
     _randomize_norms,
 )
+from .dropout import dropout_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
@@ -121,6 +122,11 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                           lambda m=m: ref(x, m), variant, axes,
                           [("self_attn", lambda s, m=m: s(x, x, x, m)),
                            ("feed_forward", lambda f: f(x))], label, _LAYER_SHAPES)
+        if not report.found:
+            parts = [("self_attn", lambda a, h: a(h, h, h, mask), "norm1"),
+                     ("feed_forward", lambda f, h: f(h), "norm2")]
+            dropout_probe(report, module, ref, lambda mod: mod(x.clone(), mask), parts, x,
+                          norm_first)
 
     return _run_check("check_encoder_layer", body, verbose, cls)
 
@@ -190,6 +196,13 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
                           lambda t_m=t_m, m_m=m_m: ref(x, memory, t_m, m_m), variant, axes,
                           subs, label, _LAYER_SHAPES, swapped)
+        if not report.found:
+            parts = [("self_attn", lambda a, h: a(h, h, h, tgt_mask), "norm1"),
+                     ("cross_attn", lambda a, h: a(h, memory, memory, mem_mask), "norm2"),
+                     ("feed_forward", lambda f, h: f(h), "norm3")]
+            dropout_probe(report, module, ref,
+                          lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask),
+                          parts, x, norm_first)
 
     return _run_check("check_decoder_layer", body, verbose, cls)
 

@@ -156,6 +156,15 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "ffn_residual_inside": ("the feed-forward adds its input back: the residual belongs to the "
                             "layer around it", "return only linear2(...)"),
     # layers
+    "dropout_twice": ("dropout is applied twice to a sublayer's output (in train mode); eval "
+                      "mode hides it", "one dropout per sublayer output: "
+                      "norm(x + dropout(sublayer(x)))"),
+    "dropout_after_residual": ("dropout is applied after the residual add, so it also drops "
+                               "parts of the residual stream x", "drop the sublayer output "
+                               "before adding it: norm(x + dropout(sublayer(x)))"),
+    "residual_dropout_missing": ("there is no dropout on the sublayer outputs (the paper's "
+                                 "residual dropout, P_drop = 0.1)", "x = norm(x + "
+                                 "self.dropout1(sublayer(x))), and likewise for each sublayer"),
     "pre_ln_instead_of_post_ln": ("Pre-LN order (LayerNorm before the sublayer, "
                                   "x + sublayer(norm(x))) where Post-LN is expected",
                                   "Post-LN (the paper): x = norm(x + dropout(sublayer(x)))"),

@@ -1,6 +1,7 @@
 """Check: the whole Transformer."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -53,20 +54,24 @@ _TF_AXES = {
 }
 
 
-def check_transformer(cls, *, verbose: bool = True) -> CheckResult:
+def check_transformer(cls, *, norm_first: bool = False,
+                      verbose: bool = True) -> CheckResult:
     """Check ``cls(config: tx.ModelConfig)`` with encoder, decoder, generator (tx's submodule
     names) and ``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits``.
 
     The reference :class:`tx_helpers.Transformer` parameters are copied in by name
     (load_state_dict, strict=False); positional-encoding buffers stay the learner's.
     Masks are passed explicitly: src_mask (N, 1, L_src), tgt_mask (N, L_tgt, L_tgt).
+    ``norm_first=True`` expects a Pre-LN model (the config passed has ``norm_first=True``).
+    Submodules under other usual names are found (see :mod:`tx_helpers.grading.weights`).
     """
     config = ModelConfig(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64,
-                         n_layers=2, dropout=0.1, max_len=64, pad_idx=1)
+                         n_layers=2, dropout=0.1, max_len=64, pad_idx=1, norm_first=norm_first)
 
     def body(report: _Report):
         module = _instantiate(report, cls, (config,), "cls(ModelConfig(src_vocab_size=23, "
-                              "tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64, n_layers=2))")
+                              "tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64, n_layers=2"
+                              + (", norm_first=True))" if norm_first else "))"))
         torch.manual_seed(11)
         gen = torch.Generator().manual_seed(12)
         ref = Transformer(config).eval()
@@ -98,6 +103,12 @@ def check_transformer(cls, *, verbose: bool = True) -> CheckResult:
         _deterministic(report, lambda: module(src, tgt, src_mask, tgt_mask), out)
         if not _compare(report, f"logits {tuple(expected.shape)} match the reference", out,
                         expected, _TF_AXES, variant):
+            other = Transformer(dataclasses.replace(config, norm_first=not norm_first)).eval()
+            other.load_state_dict(ref.state_dict())
+            if _close(out, other(src, tgt, src_mask, tgt_mask)):
+                report.found.pop("mismatch", None)
+                report.mistake("post_ln_instead_of_pre_ln" if norm_first
+                               else "pre_ln_instead_of_post_ln")
             _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask)
         # the decoder must not see the future: change the last target token
         tgt2 = tgt.clone()
