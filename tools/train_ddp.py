@@ -185,6 +185,24 @@ def save_checkpoint_atomic(path, model, optimizer=None, scheduler=None, *, step=
 
 # ---------------------------------------------------------------- cost model
 
+#: all-reduce sizes (float32 elements) timed to fit t = latency + bytes / bandwidth
+SWEEP_NUMELS = (2**10, 2**14, 2**18, 2**20, 2**22)
+
+
+def fit_latency_bandwidth(sweep, world_size: int) -> tuple[float, float]:
+    """The line t = latency + traffic / bandwidth through the smallest and the largest
+    all-reduce of a sweep: (latency in s, bus bandwidth in bytes/s).
+
+    ``traffic`` is what each rank sends in a ring all-reduce, 2 (W - 1) / W * bytes, so
+    the bandwidth is comparable across world sizes. (A least-squares fit over all sizes
+    is dominated by the largest and can return a negative latency.)
+    """
+    (n0, t0), (n1, t1) = min(sweep), max(sweep)
+    traffic = [2 * (world_size - 1) / world_size * 4 * n for n in (n0, n1)]
+    bandwidth = (traffic[1] - traffic[0]) / (t1 - t0)
+    return t0 - traffic[0] / bandwidth, bandwidth
+
+
 def _median_seconds(fn, repeats: int, device: torch.device) -> float:
     times = []
     for _ in range(repeats):
@@ -226,6 +244,13 @@ def measure_cost(ddp_model, batch, criterion, ctx: DistContext, repeats: int) ->
         fn()
     dist.barrier()
     out = {"n_grad": n_grad, "allreduce_s": _median_seconds(allreduce, repeats, ctx.device)}
+    out["sweep"] = []  # (float32 elements, median seconds): the latency + bandwidth model
+    for numel in SWEEP_NUMELS:
+        buf = torch.zeros(numel, device=ctx.device)
+        dist.all_reduce(buf)  # warm-up
+        dist.barrier()
+        out["sweep"].append((numel, _median_seconds(lambda b=buf: dist.all_reduce(b),
+                                                    repeats, ctx.device)))
     dist.barrier()
     out["compute_s"] = _median_seconds(local_only, repeats, ctx.device)
     dist.barrier()
@@ -350,10 +375,23 @@ def run(args, ctx: DistContext) -> None:
         log(f"cost model (median of {args.cost_repeats}, slowest rank):")
         log(f"  all-reduce of {cost['n_grad']:,} float32 ({mb:.2f} MiB), {ctx.backend}: "
             f"{a * 1e3:.2f} ms")
+        sweep = torch.tensor([t for _, t in cost["sweep"]], dtype=torch.float64,
+                             device=ctx.device)
+        dist.all_reduce(sweep, op=dist.ReduceOp.MAX)
+        sweep = [(n, t) for (n, _), t in zip(cost["sweep"], sweep.tolist(), strict=True)]
+        for n, t in sweep:
+            log(f"  all-reduce sweep: {n:>9,} float32 ({n * 4 / 2**20:7.3f} MiB): "
+                f"{t * 1e3:8.3f} ms")
+        latency, bandwidth = fit_latency_bandwidth(sweep, ctx.world_size)
+        log(f"  line t = latency + 2(W-1)/W * bytes / bandwidth through the smallest and "
+            f"largest: latency {latency * 1e3:.3f} ms, "
+            f"bandwidth {bandwidth / 1e9:.2f} GB/s")
         log(f"  local forward+backward, {local_rows} rows, no communication: {c * 1e3:.2f} ms")
         log(f"  DDP forward+backward (all-reduce inside backward): {d * 1e3:.2f} ms")
         log(f"  all-reduce / compute = {a / c:.3f}; DDP overhead over compute = "
             f"{(d - c) * 1e3:.2f} ms ({(d - c) / c:.1%})")
+    log(f"load average at the end {os.getloadavg()[0]:.2f} "
+        f"({os.cpu_count()} CPUs, shared with other work)")
 
 
 def main(argv=None) -> int:
