@@ -16,6 +16,8 @@ so DDP would match the single process in distribution only, not number for numbe
 """
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +30,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tx_helpers as tx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+TOOL = Path(__file__).resolve().parent.parent / "tools" / "train_ddp.py"
+sys.path.insert(0, str(TOOL.parent))
 import train_ddp  # noqa: E402
 
 WORLD, STEPS, ROWS, LENGTH, VOCAB, PAD = 2, 4, 8, 6, 12, 0
@@ -191,3 +194,21 @@ def test_shard_is_disjoint_complete_and_refuses_an_uneven_split():
     assert torch.equal(train_ddp.shard(batch, 1, WORLD).src, batch[0][1::2])
     with pytest.raises(ValueError, match="divisible by world_size=3"):
         train_ddp.shard(batch, 0, 3)
+
+
+def test_the_entry_point_runs_as_a_world_of_one(tmp_path):
+    """``python tools/train_ddp.py`` without torchrun: the whole run, tiny, in a subprocess."""
+    ckpt = tmp_path / "dates-ddp.pt"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--steps", "2", "--global-batch", "4", "--log-every", "1",
+         "--eval-n", "4", "--cost-repeats", "1", "--checkpoint", str(ckpt)],
+        capture_output=True, text=True, timeout=300, env={**env, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    for line in ("world_size=1 backend=gloo", "step    2  loss", "replicas identical after "
+                 "training: True", "reloads into a single-process model: True",
+                 "free-running exact match on 4 held-out dates", "all-reduce / compute"):
+        assert line in out.stdout, f"missing {line!r} in:\n{out.stdout}"
+    _, saved = tx.load_checkpoint(ckpt)
+    assert saved["step"] == 2 and saved["extra"] == {"world_size": 1}

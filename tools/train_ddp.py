@@ -197,6 +197,8 @@ def fit_latency_bandwidth(sweep, world_size: int) -> tuple[float, float]:
     the bandwidth is comparable across world sizes. (A least-squares fit over all sizes
     is dominated by the largest and can return a negative latency.)
     """
+    if world_size < 2:
+        raise ValueError(f"a world of {world_size} process sends nothing: no line to fit")
     (n0, t0), (n1, t1) = min(sweep), max(sweep)
     traffic = [2 * (world_size - 1) / world_size * 4 * n for n in (n0, n1)]
     bandwidth = (traffic[1] - traffic[0]) / (t1 - t0)
@@ -382,10 +384,11 @@ def run(args, ctx: DistContext) -> None:
         for n, t in sweep:
             log(f"  all-reduce sweep: {n:>9,} float32 ({n * 4 / 2**20:7.3f} MiB): "
                 f"{t * 1e3:8.3f} ms")
-        latency, bandwidth = fit_latency_bandwidth(sweep, ctx.world_size)
-        log(f"  line t = latency + 2(W-1)/W * bytes / bandwidth through the smallest and "
-            f"largest: latency {latency * 1e3:.3f} ms, "
-            f"bandwidth {bandwidth / 1e9:.2f} GB/s")
+        if ctx.world_size > 1:
+            latency, bandwidth = fit_latency_bandwidth(sweep, ctx.world_size)
+            log(f"  line t = latency + 2(W-1)/W * bytes / bandwidth through the smallest and "
+                f"largest: latency {latency * 1e3:.3f} ms, "
+                f"bandwidth {bandwidth / 1e9:.2f} GB/s")
         log(f"  local forward+backward, {local_rows} rows, no communication: {c * 1e3:.2f} ms")
         log(f"  DDP forward+backward (all-reduce inside backward): {d * 1e3:.2f} ms")
         log(f"  all-reduce / compute = {a / c:.3f}; DDP overhead over compute = "
