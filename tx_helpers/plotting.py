@@ -129,7 +129,7 @@ def plot_heads(weights, *, q_labels=None, k_labels=None, ncols=4, title=None, si
         ax.tick_params(labelsize=MIN_FONT)
     if colorbar:
         cbar = fig.colorbar(axes.flat[0].images[0], ax=axes, shrink=0.9,
-                            label="attention weight (same scale for every head)")
+                            label="attention weight (all heads)")
         cbar.ax.tick_params(labelsize=MIN_FONT)
     if title:
         fig.suptitle(title)
