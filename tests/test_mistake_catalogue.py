@@ -17,6 +17,11 @@ import tx_helpers as tx
 from tx_helpers import grading as g
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grading_learners_loss_decoding import (  # noqa: E402
+    DECODING_MISTAKES,
+    SMOOTHING_MISTAKES,
+    make_greedy,
+)
 from test_grading import (  # noqa: E402
     EncHarvard,
     LearnerDecoderLayer,
@@ -286,7 +291,13 @@ CATALOGUE = [
      step_zero_grad_before_step, "no_update"),
     ("train step: scheduler never stepped, grads never zeroed", g.check_train_step,
      make_train_step(schedule="never", zero_grad=False), "scheduler_not_stepped"),
+    ("greedy: one token too many", g.check_greedy_decode, make_greedy(extra_steps=1),
+     "decode_max_len_off_by_one"),
 ]
+CATALOGUE += [(f"label smoothing: {key}", g.check_label_smoothing, fn, key)
+              for key, fn in SMOOTHING_MISTAKES.items()]
+CATALOGUE += [(f"greedy decoding: {key}", g.check_greedy_decode, fn, key)
+              for key, fn in DECODING_MISTAKES.items()]
 
 
 def diagnose(check, impl):

@@ -24,8 +24,10 @@ placed by parameter path, one mechanism for every check), then one module per bl
 and ``discovery`` (pairing a notebook's names with checks).
 """
 from .attention import check_attention
+from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
 from .feed_forward import check_feed_forward
+from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .masks import check_masks
 from .mistakes import MISTAKES
@@ -39,5 +41,6 @@ __all__ = [
     "CheckResult", "MISTAKES", "history", "clear_history",
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
-    "check_train_step", "find_checks", "check_namespace",
+    "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
+    "check_namespace",
 ]

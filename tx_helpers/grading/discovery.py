@@ -1,10 +1,14 @@
 """Finding the learner's classes and functions by name and pairing them with checks."""
 from __future__ import annotations
 
+import functools
+
 from torch import nn
 
 from .attention import check_attention
+from .decoding import check_greedy_decode
 from .feed_forward import check_feed_forward
+from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .masks import check_masks
 from .model import check_transformer
@@ -40,9 +44,11 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     Returns ``[(label, run)]`` where ``run(verbose=True)`` runs the check. Only objects
     defined in ``module`` count (``"__main__"`` in a notebook; None: any). Names:
     ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
-    ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes; functions named
-    ``*positional*``/``*sinusoid*``, ``*attention*``, ``*train_step*`` and ``*mask*``
-    (padding, look-ahead, decoder, cross: all mask functions go to one :func:`check_masks`).
+    ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
+    ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
+    ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*`` and
+    ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
+    :func:`check_masks`).
     """
     found, masks = [], {}
     for name, obj in namespace.items():
@@ -53,7 +59,9 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
         if isinstance(obj, type) and issubclass(obj, nn.Module):
             check = next((c for sub, c in _CLASS_RULES if sub in key), None)
             if check is None and key.endswith("transformer"):
-                check = check_transformer
+                check = (functools.partial(check_transformer, share_embeddings=True)
+                         if "tied" in key else check_transformer)
+                check.__name__ = "check_transformer"  # a partial has no name of its own
             if check is not None:
                 found.append((f"{check.__name__}({name})", _bind(check, obj)))
         elif callable(obj) and not isinstance(obj, type):
@@ -68,6 +76,11 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 found.append((f"check_attention({name})", _bind(check_attention, obj)))
             elif "trainstep" in key:
                 found.append((f"check_train_step({name})", _bind(check_train_step, obj)))
+            elif "smooth" in key:
+                found.append((f"check_label_smoothing({name})",
+                              _bind(check_label_smoothing, obj)))
+            elif "greedy" in key:
+                found.append((f"check_greedy_decode({name})", _bind(check_greedy_decode, obj)))
     if masks:
         label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
 

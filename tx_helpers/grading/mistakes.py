@@ -245,3 +245,7 @@ MISTAKES: dict[str, tuple[str, str]] = {
                  "print intermediate shapes and values and compare them with tx_helpers"),
 }
 
+
+from .mistakes_loss_decoding import LOSS_AND_DECODING  # noqa: E402 - kept in its own file
+
+MISTAKES.update(LOSS_AND_DECODING)

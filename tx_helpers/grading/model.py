@@ -5,6 +5,7 @@ import dataclasses
 import math
 
 import torch
+from torch import nn
 
 from ..config import ModelConfig
 from ..masks import decoder_self_mask, padding_mask
@@ -54,7 +55,7 @@ _TF_AXES = {
 }
 
 
-def check_transformer(cls, *, norm_first: bool = False,
+def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool = False,
                       verbose: bool = True) -> CheckResult:
     """Check ``cls(config: tx.ModelConfig)`` with encoder, decoder, generator (tx's submodule
     names) and ``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits``.
@@ -64,14 +65,22 @@ def check_transformer(cls, *, norm_first: bool = False,
     Masks are passed explicitly: src_mask (N, 1, L_src), tgt_mask (N, L_tgt, L_tgt).
     ``norm_first=True`` expects a Pre-LN model (the config passed has ``norm_first=True``).
     Submodules under other usual names are found (see :mod:`tx_helpers.grading.weights`).
+    ``share_embeddings=True`` passes a config with one vocabulary (29) and
+    ``share_embeddings=True``, and expects the source embedding, the target embedding and the
+    generator to hold one and the same Parameter (as in ``tx.Transformer``).
     """
-    config = ModelConfig(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64,
-                         n_layers=2, dropout=0.1, max_len=64, pad_idx=1, norm_first=norm_first)
+    config = ModelConfig(src_vocab_size=29 if share_embeddings else 23, tgt_vocab_size=29,
+                         d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.1, max_len=64,
+                         pad_idx=1, norm_first=norm_first, share_embeddings=share_embeddings)
 
     def body(report: _Report):
-        module = _instantiate(report, cls, (config,), "cls(ModelConfig(src_vocab_size=23, "
-                              "tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64, n_layers=2"
-                              + (", norm_first=True))" if norm_first else "))"))
+        flags = "".join(f", {k}=True" for k, v in (("norm_first", norm_first),
+                                                   ("share_embeddings", share_embeddings)) if v)
+        module = _instantiate(report, cls, (config,), f"cls(ModelConfig(src_vocab_size="
+                              f"{config.src_vocab_size}, tgt_vocab_size=29, d_model=32, "
+                              f"n_heads=4, d_ff=64, n_layers=2{flags}))")
+        if share_embeddings:
+            _check_tied(report, module, config)
         torch.manual_seed(11)
         gen = torch.Generator().manual_seed(12)
         ref = Transformer(config).eval()
@@ -127,6 +136,22 @@ def check_transformer(cls, *, norm_first: bool = False,
             report.mistake("source_padding_leaks")
 
     return _run_check("check_transformer", body, verbose, cls)
+
+
+def _check_tied(report: _Report, module, config) -> None:
+    """The source embedding, target embedding and generator must be one Parameter."""
+    shape = (config.tgt_vocab_size, config.d_model)
+    weights = [m.weight for m in module.modules() if isinstance(m, (nn.Embedding, nn.Linear))
+               and getattr(m, "weight", None) is not None and tuple(m.weight.shape) == shape]
+    distinct = list({id(w): w for w in weights}.values())
+    if report.probe(len(weights) >= 3 and len(distinct) == 1, f"the two embeddings and the "
+                    f"generator hold one Parameter {shape} ({len(weights)} uses, "
+                    f"{len(distinct)} distinct)"):
+        return
+    if len(distinct) > 1 and all(torch.equal(w, distinct[0]) for w in distinct):
+        report.mistake("embeddings_copied_not_tied")
+    else:
+        report.mistake("embeddings_not_tied", f"{len(distinct)} separate matrices")
 
 
 def _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask) -> None:

@@ -1,0 +1,146 @@
+"""check_label_smoothing, check_greedy_decode and check_transformer(share_embeddings=True)."""
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tx_helpers as tx
+from tx_helpers import grading as g
+from tx_helpers.grading import decoding as gd
+from tx_helpers.grading.compare import _variants
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grading_learners_loss_decoding import (  # noqa: E402
+    DECODING_MISTAKES,
+    SMOOTHING_MISTAKES,
+    greedy_full_length,
+    make_greedy,
+    make_smoothed_loss,
+)
+from test_grading import LearnerTransformer  # noqa: E402
+
+
+def quiet(check, obj, **kw):
+    return check(obj, verbose=False, **kw)
+
+
+# ------------------------------------------------------------------ label smoothing
+
+@pytest.mark.parametrize("fn", [
+    make_smoothed_loss(),
+    lambda logits, target, eps, pad_idx: F.cross_entropy(logits, target, ignore_index=pad_idx,
+                                                         label_smoothing=eps),
+], ids=["by hand", "F.cross_entropy"])
+def test_label_smoothing_correct_passes(fn):
+    result = quiet(g.check_label_smoothing, fn)
+    assert result.passed, result.report
+
+
+@pytest.mark.parametrize("key", list(SMOOTHING_MISTAKES))
+def test_label_smoothing_mistake_named(key):
+    result = quiet(g.check_label_smoothing, SMOOTHING_MISTAKES[key])
+    assert not result.passed and result.mistakes == [key], result.report
+
+
+def test_label_smoothing_report_shows_the_floor():
+    result = quiet(g.check_label_smoothing, make_smoothed_loss())
+    assert any("entropy H(q)" in line for line in result.messages)
+
+
+def test_label_smoothing_stub_and_float_return():
+    def stub(logits, target, eps, pad_idx):
+        raise NotImplementedError("use log_softmax")
+    assert quiet(g.check_label_smoothing, stub).mistakes == ["not_implemented"]
+    result = quiet(g.check_label_smoothing, lambda *a: make_smoothed_loss()(*a).item())
+    assert "wrong_output_type" in result.mistakes
+
+
+# ------------------------------------------------------------------ greedy decoding
+
+@pytest.mark.parametrize("fn", [tx.greedy_decode, make_greedy(), greedy_full_length],
+                         ids=["tx", "by hand", "runs to max_len"])
+def test_greedy_correct_passes(fn):
+    result = quiet(g.check_greedy_decode, fn)
+    assert result.passed, result.report
+
+
+@pytest.mark.parametrize("key", list(DECODING_MISTAKES))
+def test_greedy_mistake_named(key):
+    result = quiet(g.check_greedy_decode, DECODING_MISTAKES[key])
+    assert not result.passed and result.mistakes == [key], result.report
+
+
+def test_greedy_max_len_plus_one_named():
+    result = quiet(g.check_greedy_decode, make_greedy(extra_steps=1))
+    assert result.mistakes == ["decode_max_len_off_by_one"], result.report
+
+
+def test_greedy_probe_tells_every_mistake_apart():
+    """The probe model's outputs differ for every listed mistake, and from the reference."""
+    model = gd._probe_model().eval()
+    with torch.no_grad():
+        ref = gd._greedy_variant(model, gd._SRC)
+        torch.testing.assert_close(ref, tx.greedy_decode(model, gd._SRC, bos_idx=gd.BOS,
+                                                         eos_idx=gd.EOS, max_len=gd.MAX_LEN))
+        singles = list(_variants(gd._DECODE_AXES,
+                                 lambda **kw: gd._greedy_variant(model, gd._SRC, **kw), 1))
+    outs = [(("reference",), ref)] + singles
+    for (a, x), (b, y) in itertools.combinations(outs, 2):
+        assert a == b or x.shape != y.shape or not torch.equal(x, y), (a, b)
+
+
+def test_greedy_restores_nothing_else():
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    quiet(g.check_greedy_decode, make_greedy())
+    assert torch.equal(torch.rand(2), expected)
+
+
+# ------------------------------------------------------------------ tied embeddings
+
+class TiedLearner(LearnerTransformer):
+    def __init__(self, config, how="share"):
+        super().__init__(config)
+        if not config.share_embeddings or how == "none":
+            return
+        if how == "share":
+            self.encoder.embedding.weight = self.generator.weight
+            self.decoder.embedding.weight = self.generator.weight
+        else:  # "copy": equal numbers, three Parameters
+            self.encoder.embedding.weight = nn.Parameter(self.generator.weight.detach().clone())
+            self.decoder.embedding.weight = nn.Parameter(self.generator.weight.detach().clone())
+
+
+def test_tied_transformer():
+    assert quiet(g.check_transformer, TiedLearner, share_embeddings=True).passed
+    assert quiet(g.check_transformer, TiedLearner).passed  # ties only when asked
+    assert quiet(g.check_transformer, tx.Transformer, share_embeddings=True).passed
+    untied = quiet(g.check_transformer, lambda c: TiedLearner(c, "none"), share_embeddings=True)
+    assert untied.mistakes == ["embeddings_not_tied"], untied.report
+    copied = quiet(g.check_transformer, lambda c: TiedLearner(c, "copy"), share_embeddings=True)
+    assert copied.mistakes == ["embeddings_copied_not_tied"], copied.report
+
+
+def test_discovery_finds_the_new_checks():
+    def smoothed_loss(logits, target, eps, pad_idx):
+        return make_smoothed_loss()(logits, target, eps, pad_idx)
+
+    def my_greedy_decode(model, src, *, bos_idx, eos_idx, max_len):
+        return make_greedy()(model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len)
+
+    class MyTiedTransformer(TiedLearner):
+        pass
+
+    space = {"smoothed_loss": smoothed_loss, "my_greedy_decode": my_greedy_decode,
+             "MyTiedTransformer": MyTiedTransformer}
+    found = dict(g.find_checks(space, module=None))
+    assert set(found) == {"check_label_smoothing(smoothed_loss)",
+                          "check_greedy_decode(my_greedy_decode)",
+                          "check_transformer(MyTiedTransformer)"}
+    results = [run(verbose=False) for run in found.values()]
+    assert all(r.passed for r in results), [r.report for r in results]
