@@ -176,3 +176,20 @@ def test_nn_assembly_computes_the_same_function():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # nn's eval fast path: nested-tensor notice
         torch.testing.assert_close(ref(src, tgt)[keep], mine(src, tgt)[keep], **TOL)
+
+
+def test_start_here_table_lists_every_notebook_with_its_time(tmp_path):
+    bench = _load_bench()
+    names = sorted(p.name for p in (bench.REPO / "notebooks").glob("[0-9]*.ipynb"))
+    rows = [[name, 10.0 + i, "ok"] for i, name in enumerate(names)] + [["total", 99.0, ""]]
+    report = {"machine": {"date": "today"},
+              "sections": {"notebooks": {"rows": rows, "subset": False, "total_s": 600.0}}}
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- bench:start -->\n<!-- bench:end -->\n"
+                      "<!-- start-here:start -->\nold\n<!-- start-here:end -->\nb\n")
+    bench.update_readme(readme, "## Benchmarks\n\ntable\n", report)
+    text = readme.read_text()
+    assert "old" not in text and "about 10 minutes" in text
+    for i, name in enumerate(names):
+        assert f"(notebooks/{name}) | about {10 + i} s |" in text
+    assert "[00 · Overview" in text

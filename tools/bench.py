@@ -62,6 +62,8 @@ import tx_helpers as tx
 REPO = Path(__file__).resolve().parent.parent
 README_START = "<!-- bench:start -->"
 README_END = "<!-- bench:end -->"
+START_HERE_START = "<!-- start-here:start -->"
+START_HERE_END = "<!-- start-here:end -->"
 FORMAT_VERSION = 1
 
 # Settings of a full run and of a --quick smoke run.
@@ -655,16 +657,43 @@ def to_markdown(report: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def update_readme(readme: Path, markdown: str) -> None:
-    """Replace the text between the bench markers in ``readme`` (nothing else changes)."""
-    text = readme.read_text(encoding="utf-8")
-    start, end = text.find(README_START), text.find(README_END)
+def _replace_block(text: str, start_marker: str, end_marker: str, body: str, where: str) -> str:
+    start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{readme}: add a line {README_START} and a line {README_END} "
-                         f"where the benchmark table goes, then run again")
-    body = markdown.replace("## Benchmarks\n\n", "", 1)
-    new = text[: start + len(README_START)] + "\n" + body + text[end:]
-    readme.write_text(new, encoding="utf-8")
+        raise SystemExit(f"README: add a line {start_marker} and a line {end_marker} "
+                         f"where {where} goes, then run again")
+    return text[: start + len(start_marker)] + "\n" + body + text[end:]
+
+
+def start_here(report: dict) -> str | None:
+    """The README's reading path: each notebook's title and its measured time (full runs only)."""
+    section = report["sections"].get("notebooks")
+    if not section or section["subset"]:
+        return None
+    import nbformat
+
+    lines = ["| Notebook | Runs in |", "|---|---|"]
+    for name, seconds, status in section["rows"][:-1]:
+        nb = nbformat.read(REPO / "notebooks" / name, as_version=4)
+        title = nb.cells[0].source.splitlines()[0].lstrip("# ").strip()
+        lines.append(f"| [{title}](notebooks/{name}) | "
+                     f"{f'about {seconds:.0f} s' if status == 'ok' else status} |")
+    total = section["total_s"]
+    lines += ["", f"The whole series: about {total / 60:.0f} minutes of running, one notebook "
+                  f"at a time (measured {report['machine']['date']})."]
+    return "\n".join(lines) + "\n"
+
+
+def update_readme(readme: Path, markdown: str, report: dict | None = None) -> None:
+    """Replace the text between the bench markers (and the start-here markers, after a full
+    notebook run) in ``readme``; nothing else changes."""
+    text = readme.read_text(encoding="utf-8")
+    text = _replace_block(text, README_START, README_END,
+                          markdown.replace("## Benchmarks\n\n", "", 1), "the benchmark table")
+    path = None if report is None else start_here(report)
+    if path is not None:
+        text = _replace_block(text, START_HERE_START, START_HERE_END, path, "the reading path")
+    readme.write_text(text, encoding="utf-8")
 
 
 def main(argv=None) -> int:
@@ -743,7 +772,7 @@ def _run(args, argv) -> int:
     (args.out / "latest.json").write_text(json.dumps(report, indent=1, default=str) + "\n",
                                           encoding="utf-8")
     if args.update_readme:
-        update_readme(args.readme, markdown)
+        update_readme(args.readme, markdown, report)
     print(markdown)
     return 0
 
