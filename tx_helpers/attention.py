@@ -116,11 +116,6 @@ class MultiHeadAttention(nn.Module):
                 cache["k"], cache["v"] = k, v
         l_k = k.size(2)
         if mask is not None:
-            self_cache = cache is not None and not cache.get("static")
-            if self_cache and isinstance(mask, torch.Tensor) and mask.dim() == 2:
-                # incremental self-attention: Transformer.decode's shifted look-ahead mask
-                # (L_q, L_past + L_q), shared by the batch, so N == L_q is not ambiguous here
-                mask = mask[None]  # (1, L_q, L_k)
             mask = expand_mask(mask, n, self.n_heads, l_q, l_k)  # broadcasts to (N, H, L_q, L_k)
 
         if self.backend == "sdpa":

@@ -138,7 +138,7 @@ class Transformer(nn.Module):
                 tgt_mask = decoder_self_mask(tgt, self.config.pad_idx)  # (N, L_tgt, L_tgt)
             elif tgt.size(1) > 1:
                 past = cache.get("length", 0)
-                tgt_mask = lookahead_mask(tgt.size(1), tgt.device, past=past)
+                tgt_mask = lookahead_mask(tgt.size(1), tgt.device, past=past)[None]  # (1, L, past+L)
         return self.decoder(tgt, memory, tgt_mask, src_mask, cache)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
