@@ -59,12 +59,13 @@ exercises: setup
 	$(BIN)/python tools/make_exercises.py
 
 # Re-execute notebooks in place (all of them, or NB=notebooks/03_x.ipynb), then merge each
-# cell's stream outputs so a saved progress bar keeps only its last state, and regenerate
-# the exercises.
+# cell's stream outputs so a saved progress bar keeps only its last state, store widget cells
+# without output, and regenerate the exercises.
 notebooks: setup
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
 	$(BIN)/jupyter nbconvert --coalesce-streams --inplace --log-level=WARN $(NB)  # a progress bar's last state only
+	$(BIN)/python tools/clear_widget_outputs.py $(NB)  # no raw widget text before a cell runs
 	$(BIN)/python tools/make_exercises.py  # the student copies follow their solved notebooks
 
 # The trained models that ship in tx_helpers/models/ (recipes in tx_helpers/pretrained.py):
