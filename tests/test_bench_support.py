@@ -193,3 +193,21 @@ def test_start_here_table_lists_every_notebook_with_its_time(tmp_path):
     for i, name in enumerate(names):
         assert f"(notebooks/{name}) | about {10 + i} s |" in text
     assert "[00 · Overview" in text
+
+
+def test_notebook_run_times_are_rewritten_from_the_measurement(tmp_path, monkeypatch):
+    import nbformat
+
+    bench = _load_bench()
+    (tmp_path / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "# 99 · Test\n\n**Runs in** about 8 s on 2 CPU cores (measured by `make bench`).")])
+    nbformat.write(nb, tmp_path / "notebooks" / "99_test.ipynb")
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    report = {"machine": {"usable_cores": 2},
+              "sections": {"notebooks": {"rows": [["99_test.ipynb", 12.4, "ok"], ["total", 1, ""]],
+                                         "subset": False}}}
+    assert bench.update_notebook_times(report) == ["99_test.ipynb"]
+    text = nbformat.read(tmp_path / "notebooks" / "99_test.ipynb", as_version=4).cells[0].source
+    assert "**Runs in** about 12 s on 2 CPU cores (measured by `make bench`)." in text
+    assert bench.update_notebook_times(report) == []  # nothing left to change

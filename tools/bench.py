@@ -47,6 +47,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -684,6 +685,35 @@ def start_here(report: dict) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+RUNS_IN = re.compile(r"(Runs in\W*)about \d+ s on \d+ CPU cores")
+
+
+def update_notebook_times(report: dict) -> list[str]:
+    """Rewrite each notebook's "Runs in about N s on C CPU cores" line with the measured N.
+
+    Only the first (markdown) cell changes, which nbval does not compare. Returns the names of
+    the notebooks that changed; a notebook without such a line is left alone.
+    """
+    import nbformat
+
+    section = report["sections"].get("notebooks")
+    if not section or section["subset"]:
+        return []
+    cores = report["machine"]["usable_cores"]
+    changed = []
+    for name, seconds, status in section["rows"][:-1]:
+        path = REPO / "notebooks" / name
+        nb = nbformat.read(path, as_version=4)
+        old = nb.cells[0].source
+        new = RUNS_IN.sub(lambda m, s=seconds: f"{m.group(1)}about {s:.0f} s on {cores} CPU cores",
+                          old)
+        if status == "ok" and new != old:
+            nb.cells[0].source = new
+            nbformat.write(nb, path)
+            changed.append(name)
+    return changed
+
+
 def update_readme(readme: Path, markdown: str, report: dict | None = None) -> None:
     """Replace the text between the bench markers (and the start-here markers, after a full
     notebook run) in ``readme``; nothing else changes."""
@@ -773,6 +803,8 @@ def _run(args, argv) -> int:
                                           encoding="utf-8")
     if args.update_readme:
         update_readme(args.readme, markdown, report)
+        for name in update_notebook_times(report):
+            print(f"[bench] updated the run time in {name}", file=sys.stderr)
     print(markdown)
     return 0
 
