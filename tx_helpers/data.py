@@ -217,7 +217,7 @@ def make_batch(pairs, vocab: CharVocab = DATE_VOCAB, device=None) -> Batch:
 
 def date_batches(n_batches: int, batch_size: int, seed: int = 0, device=None,
                  pairs: DatePairs | None = None, bucket: int = 1):
-    """Yield ``n_batches`` training batches, freshly sampled (no epochs, nothing repeats).
+    """Yield ``n_batches`` training batches, each drawn afresh with replacement (no epochs).
 
     ``bucket > 1`` samples ``bucket * batch_size`` pairs at a time, sorts them by
     source length, cuts them into ``bucket`` batches and yields those in random
