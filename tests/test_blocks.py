@@ -1,4 +1,4 @@
-"""Building blocks on their own: masks, positional encoding, attention, sizes, tracing, KV cache."""
+"""Building blocks on their own: masks, positional encoding, attention, sizes, tracing."""
 from __future__ import annotations
 
 import math
@@ -352,36 +352,3 @@ def test_trailing_source_pads_do_not_change_logits():
     tgt = padded_ids(TGT_LENGTHS, L_TGT, TGT_VOCAB)
     padded = torch.cat([src, torch.full((N, 3), PAD)], dim=1)
     torch.testing.assert_close(model(src, tgt), model(padded, tgt), **TOL)
-
-
-# ---------------------------------------------------------------- incremental decoding
-
-@pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("backend", ["manual", "sdpa"])
-def test_cached_decode_equals_full_decode(norm_first, backend):
-    model = tx.Transformer(small_config(norm_first=norm_first, attn_backend=backend))
-    model = model.to(DT).eval()
-    src = padded_ids(SRC_LENGTHS, L_SRC, SRC_VOCAB)
-    tgt = padded_ids((L_TGT,) * N, L_TGT, TGT_VOCAB)  # no target padding
-    src_mask = tx.padding_mask(src, PAD)
-    memory = model.encode(src)
-    full = model.decode(tgt, memory, src_mask)  # (N, L_tgt, d_model)
-
-    cache = {}
-    for t in range(L_TGT):
-        step = model.decode(tgt[:, t:t + 1], memory, src_mask, cache=cache)  # (N, 1, d_model)
-        torch.testing.assert_close(step[:, 0], full[:, t], **TOL, msg=f"position {t}")
-    assert cache["length"] == L_TGT
-
-
-def test_cached_decode_in_chunks():
-    model = tx.Transformer(small_config()).to(DT).eval()
-    src = padded_ids(SRC_LENGTHS, L_SRC, SRC_VOCAB)
-    tgt = padded_ids((L_TGT,) * N, L_TGT, TGT_VOCAB)
-    memory = model.encode(src)
-    src_mask = tx.padding_mask(src, PAD)
-    full = model.decode(tgt, memory, src_mask)
-    cache = {}
-    first = model.decode(tgt[:, :2], memory, src_mask, cache=cache)  # 2 tokens at once
-    rest = model.decode(tgt[:, 2:], memory, src_mask, cache=cache)   # 3 more, past=2
-    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, **TOL)

@@ -1,6 +1,6 @@
 """tx_helpers: the verified building blocks of the Transformer-from-scratch notebooks."""
 from . import grading as grading  # diagnostic checks for the exercises
-from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
 from .data import DATE_VOCAB, CharVocab, DatePairs, date_model_config, make_batch
 from .decoding import (
@@ -32,7 +32,7 @@ from .training import (
 __all__ = [
     "ModelConfig",
     "PositionalEncoding", "sinusoidal_table",
-    "scaled_dot_product_attention", "MultiHeadAttention",
+    "scaled_dot_product_attention", "MultiHeadAttention", "KVCache",
     "FeedForward", "EncoderLayer", "DecoderLayer",
     "Encoder", "Decoder", "Transformer",
     "padding_mask", "lookahead_mask", "decoder_self_mask", "expand_mask",

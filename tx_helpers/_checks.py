@@ -95,3 +95,17 @@ def check_same_batch(src, tgt) -> None:
             f"src and tgt batch sizes differ: src has N={src.size(0)} "
             f"(shape {tuple(src.shape)}), tgt has N={tgt.size(0)} (shape {tuple(tgt.shape)})"
         )
+
+
+def check_attention_inputs(query, key, value, d_model: int) -> None:
+    """query (N, L_q, d_model) and key/value (N, L_k, d_model) with one N and one L_k."""
+    check_features("query", query, d_model)
+    check_features("key", key, d_model)
+    check_features("value", value, d_model)
+    if key.shape[:2] != value.shape[:2]:
+        raise ValueError(f"key and value must have the same (N, L_k), got {tuple(key.shape)} "
+                         f"and {tuple(value.shape)}")
+    if key.size(0) != query.size(0):
+        raise ValueError(
+            f"query and key batch sizes differ: {tuple(query.shape)} vs {tuple(key.shape)}"
+        )

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_divisible, check_dropout, check_features, check_positive_int
+from ._checks import check_attention_inputs, check_divisible, check_dropout, check_positive_int
 from .masks import expand_mask
 
 BACKENDS = ("manual", "sdpa")
@@ -48,6 +48,92 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
         weights = dropout(weights)
     return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_k)
 
+
+
+class AttentionCache:
+    """One attention module's projected keys and values, kept between decoding steps.
+
+    ``grows=True`` (self-attention): each step's new keys/values are appended on
+    the length axis. ``grows=False`` (cross-attention): they are computed from
+    the encoder memory at the first step and reused as they are.
+    ``k`` and ``v`` are (N, H, L, d_k), or None before the first step.
+    """
+
+    def __init__(self, grows: bool):
+        self.grows = grows
+        self.k = self.v = None
+
+    def update(self, project, key, value):
+        """The keys and values to attend over this step; ``project(key, value)`` -> (k, v)."""
+        if self.k is not None and not self.grows:
+            return self.k, self.v
+        k, v = project(key, value)  # (N, H, L_new, d_k)
+        if self.k is not None:
+            k = torch.cat([self.k, k], dim=2)  # (N, H, L_past + L_new, d_k)
+            v = torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (in that order) of a growing cache; a fixed one is
+        left alone (its rows come from the memory, which the caller already arranged)."""
+        if self.grows and self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+class LayerCache:
+    """A decoder layer's caches: ``self_attn`` (grows) and ``cross_attn`` (fixed)."""
+
+    def __init__(self):
+        self.self_attn = AttentionCache(grows=True)
+        self.cross_attn = AttentionCache(grows=False)
+
+
+class KVCache:
+    """The key/value cache of incremental decoding: pass one (empty) to
+    ``Transformer.decode(..., cache=cache)`` and keep passing it.
+
+    ``layers[i]`` is decoder layer i's :class:`LayerCache`, made at its first
+    step; ``length`` counts the target positions decoded so far (the positional
+    encoding continues from it). ``reorder(index)`` keeps batch rows ``index``,
+    as beam search needs after pruning.
+    """
+
+    def __init__(self):
+        self.layers: list[LayerCache] = []
+        self.length = 0
+
+    def layer(self, i: int) -> LayerCache:
+        while len(self.layers) <= i:
+            self.layers.append(LayerCache())
+        return self.layers[i]
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def reorder(self, index: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
+            layer.cross_attn.reorder(index)
+
+    # The nested-dict cache of earlier versions ({"length", "layers": [{"self": {"k", "v"},
+    # "cross": {...}}]}) is still accepted by Transformer.decode through these two.
+    @classmethod
+    def from_dict(cls, d: dict) -> KVCache:
+        cache = cls()
+        cache.length = d.get("length", 0)
+        for i, entry in enumerate(d.get("layers", [])):
+            for part, attn in (("self", cache.layer(i).self_attn),
+                               ("cross", cache.layer(i).cross_attn)):
+                attn.k, attn.v = entry.get(part, {}).get("k"), entry.get(part, {}).get("v")
+        return cache
+
+    def to_dict(self, d: dict) -> None:
+        d["length"] = self.length
+        d["layers"] = [{part: {"static": not attn.grows, "k": attn.k, "v": attn.v}
+                        for part, attn in (("self", layer.self_attn),
+                                           ("cross", layer.cross_attn))}
+                       for layer in self.layers]
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with one merged Linear per Q, K and V.
@@ -81,59 +167,50 @@ class MultiHeadAttention(nn.Module):
         n, length, _ = x.shape
         return x.view(n, length, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, L, d_k)
 
-    def forward(self, query, key, value, mask=None, cache=None):
+    def _project_kv(self, key, value):
+        return self._split_heads(self.w_k(key)), self._split_heads(self.w_v(value))
+
+    def forward(self, query, key, value, mask=None, cache: AttentionCache | None = None):
         """query (N, L_q, d_model), key/value (N, L_k, d_model) -> (N, L_q, d_model).
 
-        ``cache`` (a dict, used by incremental decoding) holds this layer's
-        projected keys and values: with ``cache["static"]`` true they are
-        computed once and reused (cross-attention); otherwise the new keys and
-        values are appended to those already cached (self-attention).
+        ``cache`` (an :class:`AttentionCache`, used by incremental decoding) keeps
+        this layer's projected keys and values: appended to at every step for
+        self-attention, computed once and reused for cross-attention.
         """
-        check_features("query", query, self.d_model)
-        check_features("key", key, self.d_model)
-        check_features("value", value, self.d_model)
-        if key.shape[:2] != value.shape[:2]:
-            raise ValueError(
-                f"key and value must have the same (N, L_k), got {tuple(key.shape)} "
-                f"and {tuple(value.shape)}"
-            )
-        if key.size(0) != query.size(0):
-            raise ValueError(
-                f"query and key batch sizes differ: {tuple(query.shape)} vs {tuple(key.shape)}"
-            )
+        check_attention_inputs(query, key, value, self.d_model)
         n, l_q, _ = query.shape
-
         q = self._split_heads(self.w_q(query))  # (N, H, L_q, d_k)
-        if cache is not None and cache.get("static") and "k" in cache:
-            k, v = cache["k"], cache["v"]  # (N, H, L_k, d_k)
+        if cache is None:
+            k, v = self._project_kv(key, value)  # (N, H, L_k, d_k) each
         else:
-            k = self._split_heads(self.w_k(key))  # (N, H, L_k, d_k)
-            v = self._split_heads(self.w_v(value))  # (N, H, L_k, d_k)
-            if cache is not None:
-                if not cache.get("static") and "k" in cache:
-                    k = torch.cat([cache["k"], k], dim=2)  # (N, H, L_past + L_k, d_k)
-                    v = torch.cat([cache["v"], v], dim=2)
-                cache["k"], cache["v"] = k, v
-        l_k = k.size(2)
+            k, v = cache.update(self._project_kv, key, value)  # (N, H, L_past + L_k, d_k)
         if mask is not None:
-            mask = expand_mask(mask, n, self.n_heads, l_q, l_k)  # broadcasts to (N, H, L_q, L_k)
-
+            if cache is not None and cache.grows and isinstance(mask, torch.Tensor) \
+                    and mask.dim() == 2:
+                # incremental self-attention: Transformer.decode's shifted look-ahead mask
+                # (L_q, L_past + L_q), shared by the batch, so N == L_q is not ambiguous here
+                mask = mask[None]  # (1, L_q, L_k)
+            mask = expand_mask(mask, n, self.n_heads, l_q, k.size(2))  # (N, H, L_q, L_k)
         if self.backend == "sdpa":
-            full_rows = None
-            if mask is not None:
-                full_rows = mask.all(dim=-1, keepdim=True)  # (.., L_q, 1): query sees no key
-                mask = mask & ~full_rows  # such a row goes in unmasked (no NaN, no zeros) ...
-            context = F.scaled_dot_product_attention(
-                q, k, v,
-                attn_mask=None if mask is None else ~mask,  # SDPA: True = may attend
-                dropout_p=self.dropout.p if self.training else 0.0,
-            )  # (N, H, L_q, d_k)
-            if full_rows is not None:
-                # ... and leaves as the mean of the values: uniform weights, as in "manual"
-                context = torch.where(full_rows, v.mean(dim=2, keepdim=True), context)
-            self.attn_weights = None
+            context, self.attn_weights = self._sdpa(q, k, v, mask), None
         else:
             context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
             self.attn_weights = weights.detach()  # (N, H, L_q, L_k)
         context = context.transpose(1, 2).contiguous().view(n, l_q, self.d_model)  # (N, L_q, d)
         return self.w_o(context)  # (N, L_q, d_model)
+
+    def _sdpa(self, q, k, v, mask):
+        """PyTorch's fused attention, with the manual backend's fully-masked-row policy."""
+        full_rows = None
+        if mask is not None:
+            full_rows = mask.all(dim=-1, keepdim=True)  # (.., L_q, 1): query sees no key
+            mask = mask & ~full_rows  # such a row goes in unmasked (no NaN, no zeros) ...
+        context = F.scaled_dot_product_attention(
+            q, k, v,
+            attn_mask=None if mask is None else ~mask,  # SDPA: True = may attend
+            dropout_p=self.dropout.p if self.training else 0.0,
+        )  # (N, H, L_q, d_k)
+        if full_rows is not None:
+            # ... and leaves as the mean of the values: uniform weights, as in "manual"
+            context = torch.where(full_rows, v.mean(dim=2, keepdim=True), context)
+        return context

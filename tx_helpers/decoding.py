@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_nonnegative_int, check_positive_int, check_tokens
+from .attention import KVCache
 from .data import pad_sequences
 from .masks import padding_mask
 
@@ -89,7 +90,7 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
         n = src.size(0)
         ys = torch.full((n, 1), bos_idx, dtype=torch.long, device=src.device)  # (N, 1)
         finished = torch.zeros(n, dtype=torch.bool, device=src.device)
-        cache = {} if use_cache else None
+        cache = KVCache() if use_cache else None
         for _ in range(max_len):
             if use_cache:
                 hidden = model.decode(ys[:, -1:], memory, src_mask, cache=cache)  # (N, 1, d)
@@ -224,7 +225,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
         fin_tokens = torch.full((n, k, max_len + 1), pad_idx, dtype=torch.long, device=dev)
         fin_scores = torch.full((n, k), neg_inf, dtype=score_dtype, device=dev)  # sorted (N, K)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
-        cache = {} if use_cache else None
+        cache = KVCache() if use_cache else None
         rows = torch.arange(n, device=dev)[:, None] * k  # (N, 1) first flat index of each row
         for t in range(1, max_len + 1):  # t = generated tokens after this step
             flat = alive.view(n * k, t)  # (N*K, t)
@@ -260,10 +261,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
                 break
             alive = seqs.gather(1, pos[:, :, None].expand(-1, -1, t + 1))  # (N, K, t+1)
             if use_cache:
-                order = (rows + parent.gather(1, pos)).view(-1)  # (N*K,) parent flat index
-                for layer in cache.get("layers", []):
-                    layer["self"]["k"] = layer["self"]["k"].index_select(0, order)
-                    layer["self"]["v"] = layer["self"]["v"].index_select(0, order)
+                cache.reorder((rows + parent.gather(1, pos)).view(-1))  # parent flat indices
         else:  # max_len reached: unfinished rows also rank their live prefixes
             live = torch.where(done[:, None], neg_inf,
                                alive_scores / gnmt_length_penalty(max_len, length_penalty))

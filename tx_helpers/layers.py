@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_dropout, check_positive_int
-from .attention import MultiHeadAttention
+from .attention import LayerCache, MultiHeadAttention
 
 
 class FeedForward(nn.Module):
@@ -75,16 +75,15 @@ class DecoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.dropout3 = nn.Dropout(dropout)
 
-    def forward(self, x, memory, tgt_mask=None, memory_mask=None, cache=None):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None, cache: LayerCache | None = None):
         """x (N, L_tgt, d_model), memory (N, L_src, d_model) -> (N, L_tgt, d_model).
 
-        ``cache`` is this layer's ``{"self": {...}, "cross": {...}}`` during
-        incremental decoding (see :meth:`Decoder.forward`).
+        ``cache`` is this layer's :class:`LayerCache` during incremental decoding
+        (see :meth:`Decoder.forward`).
         """
         self_cache = cross_cache = None
         if cache is not None:
-            self_cache = cache.setdefault("self", {})
-            cross_cache = cache.setdefault("cross", {"static": True})
+            self_cache, cross_cache = cache.self_attn, cache.cross_attn
         if self.norm_first:
             h = self.norm1(x)
             x = x + self.dropout1(self.self_attn(h, h, h, tgt_mask, self_cache))

@@ -6,6 +6,7 @@ import math
 from torch import nn
 
 from ._checks import check_features, check_positive_int, check_same_batch, check_tokens
+from .attention import KVCache
 from .config import ModelConfig
 from .layers import DecoderLayer, EncoderLayer
 from .masks import decoder_self_mask, lookahead_mask, padding_mask
@@ -65,25 +66,20 @@ class Decoder(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model)
 
-    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, cache=None):
-        """With ``cache`` (a dict, empty at the first step) ``tgt`` holds only the
-        new tokens: their positions continue from ``cache["length"]`` and each
-        layer's keys and values are kept in ``cache["layers"]``.
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, cache: KVCache | None = None):
+        """With a :class:`KVCache` ``tgt`` holds only the new tokens: their positions
+        continue from ``cache.length`` and each layer keeps its keys and values in
+        ``cache.layer(i)``.
         """
         check_tokens("tgt", tgt, self.embedding.num_embeddings)
         check_features("memory", memory, self.d_model, self.embedding.weight.dtype)
         check_same_batch(memory, tgt)
-        start = 0
-        layer_caches = [None] * len(self.layers)
-        if cache is not None:
-            start = cache.get("length", 0)
-            layer_caches = cache.setdefault("layers", [{} for _ in self.layers])
         x = self.embedding(tgt) * math.sqrt(self.d_model)  # (N, L_tgt, d_model)
-        x = self.pos_encoding(x, start)
-        for layer, layer_cache in zip(self.layers, layer_caches, strict=True):
-            x = layer(x, memory, tgt_mask, memory_mask, layer_cache)
+        x = self.pos_encoding(x, 0 if cache is None else cache.length)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, tgt_mask, memory_mask, None if cache is None else cache.layer(i))
         if cache is not None:
-            cache["length"] = start + tgt.size(1)
+            cache.advance(tgt.size(1))
         return self.norm(x)  # (N, L_tgt, d_model)
 
 
@@ -129,17 +125,25 @@ class Transformer(nn.Module):
         """tgt (N, L_tgt) and memory -> hidden states (N, L_tgt, d_model).
 
         ``decode`` cannot see the source tokens, so the memory is unmasked
-        unless ``src_mask`` is given. With a ``cache``, a None ``tgt_mask``
-        becomes the look-ahead mask shifted by the cached length.
+        unless ``src_mask`` is given. With a :class:`KVCache` ``cache``, a None
+        ``tgt_mask`` becomes the look-ahead mask shifted by the cached length.
+        A plain dict (empty at the start) is still accepted as a cache and
+        filled with the older nested-dict layout.
         """
+        legacy = cache if isinstance(cache, dict) else None
+        if legacy is not None:
+            cache = KVCache.from_dict(legacy)
         if tgt_mask is None:
             check_tokens("tgt", tgt, self.config.tgt_vocab_size)
             if cache is None:
                 tgt_mask = decoder_self_mask(tgt, self.config.pad_idx)  # (N, L_tgt, L_tgt)
             elif tgt.size(1) > 1:
-                past = cache.get("length", 0)
-                tgt_mask = lookahead_mask(tgt.size(1), tgt.device, past=past)[None]  # (1, L, past+L)
-        return self.decoder(tgt, memory, tgt_mask, src_mask, cache)
+                tgt_mask = lookahead_mask(tgt.size(1), tgt.device,
+                                          past=cache.length)[None]  # (1, L, past + L)
+        hidden = self.decoder(tgt, memory, tgt_mask, src_mask, cache)
+        if legacy is not None:
+            cache.to_dict(legacy)
+        return hidden
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         """src (N, L_src), tgt (N, L_tgt) -> logits (N, L_tgt, tgt_vocab_size)."""
