@@ -31,6 +31,7 @@ from conftest import (
 from torch import nn
 
 import tx_helpers as tx
+from tx_helpers.interop import reference_model
 
 REPO = Path(__file__).resolve().parent.parent
 DT = torch.float64
@@ -164,18 +165,22 @@ def test_update_readme_needs_both_markers(tmp_path):
 
 def test_nn_assembly_computes_the_same_function():
     """The torch.nn model the benchmark races against is the same model, weight for weight."""
-    bench = _load_bench()
     config = small_config()
     mine = tx.Transformer(config).to(DT).eval()
-    ref = bench.copy_to_nn(mine, bench.NNTransformerModel(config).to(DT)).eval()
+    ref = reference_model(mine)
+    assert not ref.training and next(ref.parameters()).dtype == DT
     src = padded_ids(SRC_LENGTHS, L_SRC, SRC_VOCAB)
     tgt = padded_ids(TGT_LENGTHS, L_TGT, TGT_VOCAB)
     keep = tgt != config.pad_idx
-    import warnings
-
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nn's eval fast path: nested-tensor notice
+    with torch.no_grad():
         torch.testing.assert_close(ref(src, tgt)[keep], mine(src, tgt)[keep], **TOL)
+
+
+def test_bench_batches_are_padded_after_a_random_length():
+    ids = _load_bench().padded_batch(6, 9, 11, 1, torch.Generator().manual_seed(0))
+    real = (ids != 1).sum(1)
+    assert ids.shape == (6, 9) and real[0] == 9 and bool((real >= 4).all())
+    assert all(bool((row[n:] == 1).all()) for row, n in zip(ids, real.tolist(), strict=True))
 
 
 def test_start_here_table_lists_every_notebook_with_its_time(tmp_path):

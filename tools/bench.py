@@ -10,11 +10,12 @@ folder) and prints the same Markdown. Sections:
 
 1. Training step (forward + loss + backward + Adam step) of ``tx.Transformer`` with
    ``attn_backend="manual"`` and ``"sdpa"`` against the same model assembled from
-   ``torch.nn`` (``nn.Transformer(batch_first=True)`` plus the same embeddings * sqrt(d),
-   sinusoidal PE, dropout and generator), same weights, same padded batch, masks built
-   from the same ids. The three run interleaved in rounds; each round times a block of
-   steps per model. Reported: median ms per step over rounds and the median of the
-   per-round ratios (paired, so slow drifts of a shared machine cancel out).
+   ``torch.nn`` (``tx_helpers.interop.reference_model``: ``nn.Transformer(batch_first=True)``
+   plus the same embeddings * sqrt(d), sinusoidal PE, dropout and generator), same
+   weights, same padded batch, masks built from the same ids. The three run interleaved
+   in rounds; each round times a block of steps per model. Reported: median ms per step
+   over rounds and the median of the per-round ratios (paired, so slow drifts of a shared
+   machine cancel out).
 2. Attention alone (one ``tx.MultiHeadAttention``, self-attention with a key-padding
    mask) at several lengths L: manual against SDPA, eval forward and training
    forward+backward, time and peak memory. Peak memory is the peak of the running sum
@@ -59,6 +60,8 @@ import torch
 from torch import nn
 
 import tx_helpers as tx
+from tx_helpers.data import random_padded_ids
+from tx_helpers.interop import reference_model
 
 REPO = Path(__file__).resolve().parent.parent
 README_START = "<!-- bench:start -->"
@@ -215,80 +218,11 @@ def _loadavg():
 
 # ---------------------------------------------------------------- 1. training step
 
-class NNTransformerModel(nn.Module):
-    """The same model assembled from torch.nn: embeddings * sqrt(d), PE + dropout,
-    ``nn.Transformer(batch_first=True)`` and a generator. ``forward(src, tgt)`` builds
-    nn's masks from the ids: key padding for source, target and memory, causal target.
-    """
-
-    def __init__(self, config: tx.ModelConfig):
-        super().__init__()
-        c = self.config = config
-        self.src_embedding = nn.Embedding(c.src_vocab_size, c.d_model)
-        self.tgt_embedding = nn.Embedding(c.tgt_vocab_size, c.d_model)
-        self.register_buffer("pe", tx.sinusoidal_table(c.max_len, c.d_model))
-        self.src_dropout = nn.Dropout(c.dropout)
-        self.tgt_dropout = nn.Dropout(c.dropout)
-        with warnings.catch_warnings():  # nested-tensor notice for norm_first=True
-            warnings.simplefilter("ignore", UserWarning)
-            self.transformer = nn.Transformer(
-                c.d_model, c.n_heads, c.n_layers, c.n_layers, c.d_ff, c.dropout,
-                activation="relu", batch_first=True, norm_first=c.norm_first)
-        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
-        self.scale = math.sqrt(c.d_model)
-
-    def forward(self, src, tgt):
-        pad = self.config.pad_idx
-        src_pad, tgt_pad = src == pad, tgt == pad  # (N, L_src), (N, L_tgt)
-        length = tgt.size(1)
-        causal = torch.ones(length, length, dtype=torch.bool, device=tgt.device).triu(1)
-        x = self.src_dropout(self.src_embedding(src) * self.scale + self.pe[: src.size(1)])
-        y = self.tgt_dropout(self.tgt_embedding(tgt) * self.scale + self.pe[:length])
-        hidden = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
-                                  tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
-        return self.generator(hidden)  # (N, L_tgt, V)
-
-
-def _copy_mha(mine: tx.MultiHeadAttention, ref: nn.MultiheadAttention) -> None:
-    ref.in_proj_weight.copy_(torch.cat([mine.w_q.weight, mine.w_k.weight, mine.w_v.weight]))
-    ref.in_proj_bias.copy_(torch.cat([mine.w_q.bias, mine.w_k.bias, mine.w_v.bias]))
-    ref.out_proj.load_state_dict(mine.w_o.state_dict())
-
-
-@torch.no_grad()
-def copy_to_nn(mine: tx.Transformer, ref: NNTransformerModel) -> NNTransformerModel:
-    """Copy every weight of ``mine`` into ``ref`` (fails if one is left unset)."""
-    for p in ref.parameters():
-        p.fill_(float("nan"))
-    ref.src_embedding.load_state_dict(mine.encoder.embedding.state_dict())
-    ref.tgt_embedding.load_state_dict(mine.decoder.embedding.state_dict())
-    ref.generator.load_state_dict(mine.generator.state_dict())
-    for stack_m, stack_r in ((mine.encoder, ref.transformer.encoder),
-                             (mine.decoder, ref.transformer.decoder)):
-        stack_r.norm.load_state_dict(stack_m.norm.state_dict())
-        for lm, lr in zip(stack_m.layers, stack_r.layers, strict=True):
-            _copy_mha(lm.self_attn, lr.self_attn)
-            if isinstance(lm, tx.DecoderLayer):
-                _copy_mha(lm.cross_attn, lr.multihead_attn)
-                lr.norm3.load_state_dict(lm.norm3.state_dict())
-            lr.linear1.load_state_dict(lm.feed_forward.linear1.state_dict())
-            lr.linear2.load_state_dict(lm.feed_forward.linear2.state_dict())
-            lr.norm1.load_state_dict(lm.norm1.state_dict())
-            lr.norm2.load_state_dict(lm.norm2.state_dict())
-    for name, p in ref.named_parameters():
-        if torch.isnan(p).any():
-            raise AssertionError(f"copy_to_nn left {name} unset")
-    return ref
-
-
 def padded_batch(n: int, length: int, vocab: int, pad: int, generator) -> torch.Tensor:
     """(n, length) ids without ``pad``, each row padded after a random length in [L/2, L]."""
-    ids = torch.randint(0, vocab - 1, (n, length), generator=generator)
-    ids = ids + (ids >= pad).long()  # skip the pad id
     lengths = torch.randint(max(1, length // 2), length + 1, (n,), generator=generator)
     lengths[0] = length  # one full row, so the batch really is `length` long
-    ids[torch.arange(length)[None, :] >= lengths[:, None]] = pad
-    return ids
+    return random_padded_ids(lengths, length, vocab, pad, generator)
 
 
 def bench_train_step(s: dict) -> dict:
@@ -303,7 +237,7 @@ def bench_train_step(s: dict) -> dict:
     manual = tx.Transformer(config)
     sdpa = tx.Transformer(tx.ModelConfig(attn_backend="sdpa"))
     sdpa.load_state_dict(manual.state_dict())
-    ref = copy_to_nn(manual, NNTransformerModel(config))
+    ref = reference_model(manual)
 
     # The three compute the same function (eval mode, where dropout is off).
     keep = tgt_out != config.pad_idx

@@ -1,5 +1,6 @@
 """tx_helpers: the verified building blocks of the Transformer-from-scratch notebooks."""
 from . import grading as grading  # diagnostic checks for the exercises
+from . import interop as interop  # tx weights into the matching torch.nn modules
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
 from .data import DATE_VOCAB, CharVocab, DatePairs, date_model_config, make_batch

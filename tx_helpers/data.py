@@ -202,6 +202,15 @@ def pad_sequences(seqs: list[list[int]], pad_idx: int) -> torch.Tensor:
     return torch.tensor([list(s) + [pad_idx] * (length - len(s)) for s in seqs], dtype=torch.long)
 
 
+
+def random_padded_ids(lengths, length: int, vocab: int, pad: int, generator=None) -> torch.Tensor:
+    """(len(lengths), length) random ids in [0, vocab) other than ``pad``; row i is ``pad``
+    after its first ``lengths[i]`` ids (test and benchmark batches)."""
+    ids = torch.randint(0, vocab - 1, (len(lengths), length), generator=generator)
+    ids = ids + (ids >= pad).long()  # skip the pad id: values in [0, vocab) \ {pad}
+    ids[torch.arange(length)[None, :] >= torch.as_tensor(lengths)[:, None]] = pad
+    return ids
+
 def make_batch(pairs, vocab: CharVocab = DATE_VOCAB, device=None) -> Batch:
     """[(source, target), ...] -> :class:`Batch` with padding, BOS/EOS and the shift.
 
