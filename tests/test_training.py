@@ -192,3 +192,17 @@ def test_bad_amp_values_are_refused(amp):
         with pytest.raises(ValueError, match=r"amp must be None \(off\) or one of "
                                              r"\('bf16', 'fp16'\), got amp="):
             call()
+
+
+def test_pad_idx_has_one_source_the_models_config():
+    """train_step refuses a criterion ignoring another id; train refuses another pad_idx."""
+    model = tx.Transformer(tx.date_model_config(d_model=16, n_heads=2, d_ff=16, n_layers=1))
+    batch = tx.make_batch(tx.DatePairs().sample(4, "train", seed=0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    pad = model.config.pad_idx
+    wrong = torch.nn.CrossEntropyLoss(ignore_index=pad + 1)
+    with pytest.raises(ValueError, match=rf"ignore_index={pad + 1}.*config.pad_idx={pad}"):
+        tx.train_step(model, batch, opt, wrong)
+    with pytest.raises(ValueError, match=rf"pad_idx={pad + 1} differs.*config.pad_idx={pad}"):
+        tx.train(model, [batch], opt, pad_idx=pad + 1)
+    assert len(tx.train(model, [batch], opt, pad_idx=pad)) == 1

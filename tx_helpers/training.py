@@ -110,17 +110,27 @@ def autocast(amp, device_type: str):
 
 
 def _unpack(batch):
-    if hasattr(batch, "src") and hasattr(batch, "tgt_in"):
-        return batch.src, batch.tgt_in, batch.tgt_out
-    src, tgt_in, tgt_out = batch
+    src, tgt_in, tgt_out = batch  # a tx.data.Batch is a NamedTuple of the same three
     return src, tgt_in, tgt_out
+
+
+def _pad_idx(model, criterion) -> int:
+    """The model's pad id (one source of truth); a criterion ignoring another id is refused."""
+    pad_idx = getattr(model, "module", model).config.pad_idx  # a DDP wrapper holds .module
+    ignore = getattr(criterion, "ignore_index", pad_idx)
+    if ignore != pad_idx:
+        raise ValueError(f"criterion.ignore_index={ignore} differs from the model's "
+                         f"config.pad_idx={pad_idx}: the loss would count padding as labels; "
+                         f"expected ignore_index={pad_idx}")
+    return pad_idx
 
 
 def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0, *,
                amp: str | None = None, scaler=None) -> dict:
     """One step: forward, loss, backward, clip, optimizer step, scheduler step.
 
-    ``batch`` is (src, tgt_in, tgt_out) already on the model's device. Returns
+    ``batch`` is (src, tgt_in, tgt_out) already on the model's device; the pad id is
+    ``model.config.pad_idx`` (a ``criterion.ignore_index`` that differs is a ValueError). Returns
     ``loss``, ``accuracy``, ``lr`` (used by this step) and ``grad_norm`` (before clipping).
 
     ``amp="bf16"`` or ``"fp16"`` runs the forward pass under ``torch.autocast``; the
@@ -137,6 +147,7 @@ def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0
             "passed to every step (float16 gradients underflow without loss scaling), "
             "got scaler=None"
         )
+    pad_idx = _pad_idx(model, criterion)
     src, tgt_in, tgt_out = _unpack(batch)
     model.train()
     with autocast(amp, src.device.type):
@@ -163,7 +174,6 @@ def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0
         stepped = scaler.get_scale() >= scale  # the scale only drops after a skipped step
     if scheduler is not None and stepped:
         scheduler.step()
-    pad_idx = criterion.ignore_index
     return {"loss": loss.item(), "accuracy": token_accuracy(logits.detach(), tgt_out, pad_idx),
             "lr": lr, "grad_norm": grad_norm.item()}
 
@@ -175,16 +185,20 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     """Train ``model`` on an iterable of (src, tgt_in, tgt_out) batches; return a :class:`History`.
 
     Loss: ``CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)``
-    (``pad_idx`` defaults to ``model.config.pad_idx``). Gradients are clipped to
-    ``clip_norm`` (None: no clipping; the norm is still recorded). Batches are
-    moved to the model's device, so the same call runs on CPU and CUDA.
+    with ``pad_idx = model.config.pad_idx`` (a different ``pad_idx`` is a ValueError).
+    Gradients are clipped to ``clip_norm`` (None: no clipping; the norm is still recorded).
+    Batches are moved to the model's device, so the same call runs on CPU and CUDA.
     ``progress=True`` shows a tqdm bar (``total`` = number of batches, if known).
     Pass an existing ``history`` to append to it when resuming.
     ``amp``: None (default, float32), ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for
     CUDA; a ``torch.amp.GradScaler`` is created here): see :func:`train_step`.
     """
     check_amp(amp)
-    pad_idx = model.config.pad_idx if pad_idx is None else pad_idx
+    if pad_idx is not None and pad_idx != model.config.pad_idx:
+        raise ValueError(f"pad_idx={pad_idx} differs from the model's config.pad_idx="
+                         f"{model.config.pad_idx}; leave pad_idx out, the model's own is used "
+                         f"(build the model for the data's vocabulary, e.g. tx.date_model_config)")
+    pad_idx = model.config.pad_idx
     device = next(model.parameters()).device
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
     criterion = nn.CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)
