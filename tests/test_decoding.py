@@ -167,3 +167,37 @@ def test_cached_equals_uncached_for_accepted_special_ids(bos, eos):
         else:
             assert torch.equal(plain.tokens, cached.tokens)
             torch.testing.assert_close(plain.scores, cached.scores)
+
+
+def test_token_checks_run_once_per_entry_point(monkeypatch):
+    """check_tokens (a host sync on CUDA) runs at the public entry point only: twice for one
+    forward (src and tgt), once for a whole 10-step cached greedy decode (src), once for a
+    direct encode or decode call; the inner encode/decode/stack calls skip it."""
+    import tx_helpers._checks as checks
+    import tx_helpers.decoding as decoding
+    import tx_helpers.model as model_module
+
+    calls = []
+    real = checks.check_tokens
+
+    def counting(name, ids, vocab_size):
+        calls.append(name)
+        real(name, ids, vocab_size)
+
+    for module in (checks, decoding, model_module):
+        monkeypatch.setattr(module, "check_tokens", counting)
+    model = random_model(torch.float32).eval()
+    model.generator.bias.data[EOS] = -1e4  # never ends: exactly 10 steps
+    src = padded_src(3, seed=0)
+    with torch.no_grad():
+        model(src, torch.full((3, 4), BOS))
+        assert calls == ["src", "tgt"]
+        calls.clear()
+        out = greedy_decode(model, src, bos_idx=BOS, eos_idx=EOS, max_len=10, use_cache=True)
+        assert out.shape == (3, 11) and calls == ["src"]
+        calls.clear()
+        memory = model.encode(src)
+        model.decode(out, memory)
+        assert calls == ["src", "tgt"]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(src, torch.full((3, 4), 99))  # bad input is still refused at the door

@@ -5,7 +5,33 @@ what was expected, before PyTorch fails somewhere deep inside a matmul.
 """
 from __future__ import annotations
 
+import contextvars
+from contextlib import contextmanager
+
 import torch
+
+_CHECKED = contextvars.ContextVar("tx_inputs_checked", default=False)
+
+
+def inputs_checked() -> bool:
+    """True inside :func:`checked_inputs`: an entry point has already checked the inputs."""
+    return _CHECKED.get()
+
+
+@contextmanager
+def checked_inputs():
+    """Run the block as an internal call: the inner entry points skip their input checks.
+
+    A public entry point (``Transformer.forward``, ``encode``, ``decode``, the stacks'
+    ``forward``, the decoders) checks its tokens once when called from outside, then
+    calls the rest of the model inside this block, so one forward or one decode loop
+    does not re-check (each token check is a host sync on CUDA: ``int(ids.max())``).
+    """
+    token = _CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
 
 
 def check_positive_int(name: str, value) -> None:

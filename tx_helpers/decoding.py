@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_nonnegative_int, check_positive_int, check_tokens
+from ._checks import check_nonnegative_int, check_positive_int, check_tokens, checked_inputs
 from .attention import KVCache
 from .data import pad_sequences
 from .masks import padding_mask
@@ -84,7 +84,7 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
     and gets its previous mode back afterwards.
     """
     pad_idx = _check_decoding_args(model, src, bos_idx, eos_idx, max_len, pad_idx)
-    with _eval_mode(model):
+    with _eval_mode(model), checked_inputs():  # checked once above; no re-checks per step
         src_mask = padding_mask(src, model.config.pad_idx)  # (N, 1, L_src)
         memory = model.encode(src, src_mask)  # (N, L_src, d_model)
         n = src.size(0)
@@ -211,7 +211,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
                         f"{type(length_penalty).__name__} ({length_penalty!r})")
     if not (math.isfinite(length_penalty) and length_penalty >= 0):
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty}")
-    with _eval_mode(model):
+    with _eval_mode(model), checked_inputs():  # checked once above; no re-checks per step
         n, k, dev = src.size(0), beam_size, src.device
         src_mask = padding_mask(src, model.config.pad_idx)  # (N, 1, L_src)
         memory = model.encode(src, src_mask)  # (N, L_src, d_model)

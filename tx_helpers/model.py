@@ -5,7 +5,14 @@ import math
 
 from torch import nn
 
-from ._checks import check_features, check_positive_int, check_same_batch, check_tokens
+from ._checks import (
+    check_features,
+    check_positive_int,
+    check_same_batch,
+    check_tokens,
+    checked_inputs,
+    inputs_checked,
+)
 from .attention import KVCache
 from .config import ModelConfig
 from .layers import DecoderLayer, EncoderLayer
@@ -38,12 +45,19 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, src, mask=None):
-        check_tokens("src", src, self.embedding.num_embeddings)
+        if not inputs_checked():
+            check_tokens("src", src, self.embedding.num_embeddings)
         x = self.embedding(src) * math.sqrt(self.d_model)  # (N, L_src, d_model)
         x = self.pos_encoding(x)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)  # (N, L_src, d_model)
+
+
+def _check_decoder_inputs(tgt, memory, embedding: nn.Embedding) -> None:
+    check_tokens("tgt", tgt, embedding.num_embeddings)
+    check_features("memory", memory, embedding.embedding_dim, embedding.weight.dtype)
+    check_same_batch(memory, tgt)
 
 
 class Decoder(nn.Module):
@@ -71,9 +85,8 @@ class Decoder(nn.Module):
         continue from ``cache.length`` and each layer keeps its keys and values in
         ``cache.layer(i)``.
         """
-        check_tokens("tgt", tgt, self.embedding.num_embeddings)
-        check_features("memory", memory, self.d_model, self.embedding.weight.dtype)
-        check_same_batch(memory, tgt)
+        if not inputs_checked():
+            _check_decoder_inputs(tgt, memory, self.embedding)
         x = self.embedding(tgt) * math.sqrt(self.d_model)  # (N, L_tgt, d_model)
         x = self.pos_encoding(x, 0 if cache is None else cache.length)
         for i, layer in enumerate(self.layers):
@@ -116,10 +129,12 @@ class Transformer(nn.Module):
 
     def encode(self, src, src_mask=None):
         """src (N, L_src) -> memory (N, L_src, d_model)."""
-        if src_mask is None:
+        if not inputs_checked():
             check_tokens("src", src, self.config.src_vocab_size)
+        if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_idx)  # (N, 1, L_src)
-        return self.encoder(src, src_mask)
+        with checked_inputs():
+            return self.encoder(src, src_mask)
 
     def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
         """tgt (N, L_tgt) and memory -> hidden states (N, L_tgt, d_model).
@@ -133,25 +148,29 @@ class Transformer(nn.Module):
         legacy = cache if isinstance(cache, dict) else None
         if legacy is not None:
             cache = KVCache.from_dict(legacy)
+        if not inputs_checked():
+            _check_decoder_inputs(tgt, memory, self.decoder.embedding)
         if tgt_mask is None:
-            check_tokens("tgt", tgt, self.config.tgt_vocab_size)
             if cache is None:
                 tgt_mask = decoder_self_mask(tgt, self.config.pad_idx)  # (N, L_tgt, L_tgt)
             elif tgt.size(1) > 1:
                 tgt_mask = lookahead_mask(tgt.size(1), tgt.device,
                                           past=cache.length)[None]  # (1, L, past + L)
-        hidden = self.decoder(tgt, memory, tgt_mask, src_mask, cache)
+        with checked_inputs():
+            hidden = self.decoder(tgt, memory, tgt_mask, src_mask, cache)
         if legacy is not None:
             cache.to_dict(legacy)
         return hidden
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         """src (N, L_src), tgt (N, L_tgt) -> logits (N, L_tgt, tgt_vocab_size)."""
-        check_tokens("src", src, self.config.src_vocab_size)
-        check_tokens("tgt", tgt, self.config.tgt_vocab_size)
-        check_same_batch(src, tgt)
+        if not inputs_checked():
+            check_tokens("src", src, self.config.src_vocab_size)
+            check_tokens("tgt", tgt, self.config.tgt_vocab_size)
+            check_same_batch(src, tgt)
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_idx)  # (N, 1, L_src)
-        memory = self.encode(src, src_mask)  # (N, L_src, d_model)
-        hidden = self.decode(tgt, memory, src_mask, tgt_mask)  # (N, L_tgt, d_model)
+        with checked_inputs():
+            memory = self.encode(src, src_mask)  # (N, L_src, d_model)
+            hidden = self.decode(tgt, memory, src_mask, tgt_mask)  # (N, L_tgt, d_model)
         return self.generator(hidden)  # (N, L_tgt, tgt_vocab_size)
