@@ -24,9 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import check_attention_inputs, check_divisible, check_dropout, check_positive_int
+from .config import BACKENDS as BACKENDS  # re-exported; the list lives in config
 from .masks import expand_mask
-
-BACKENDS = ("manual", "sdpa")
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._checks import check_divisible, check_dropout, check_positive_int
-from .attention import BACKENDS
+
+BACKENDS = ("manual", "sdpa")  # attention implementations: see tx_helpers.attention
 
 
 @dataclass

@@ -58,7 +58,7 @@ class CharVocab:
         return f"CharVocab({len(self)} tokens: 3 specials + {len(self) - 3} characters)"
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
-        unknown = sorted({c for c in text if c not in self.stoi or c in self.specials})
+        unknown = sorted({c for c in text if c not in self.stoi})
         if unknown:
             raise ValueError(f"text {text!r} has characters outside the vocabulary: {unknown}")
         ids = [self.stoi[c] for c in text]

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from .config import ModelConfig
+from .model import Transformer
 
 PAPER_BETAS = (0.9, 0.98)
 PAPER_EPS = 1e-9
@@ -205,8 +207,6 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     history = History() if history is None else history
     bar = None
     if progress:  # a plain-text bar: it looks the same live, in a saved notebook and in a log
-        from tqdm import tqdm
-
         bar = tqdm(total=total, desc="train", unit="step", file=sys.stdout, mininterval=1.0,
                    ascii=True)
     start = time.perf_counter()
@@ -262,8 +262,6 @@ def load_checkpoint(path, model=None, optimizer=None, scheduler=None, *, device=
     pass all three: each gets its saved state. ``restore_rng=True`` also puts
     back torch's RNG state, so dropout continues exactly as it would have.
     """
-    from .model import Transformer
-
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if model is None:
         model = Transformer(ModelConfig(**ckpt["config"]))

@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from ..attention import scaled_dot_product_attention
 from .compare import (
     _as_output,
     _both_kinds_mask,
@@ -115,8 +116,6 @@ def check_attention(fn, *, verbose: bool = True) -> CheckResult:
 
 
 def _scaled_reference(q, k, v, mask):
-    from ..attention import scaled_dot_product_attention
-
     return scaled_dot_product_attention(q, k, v, mask)
 
 

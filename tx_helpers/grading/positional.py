@@ -58,7 +58,7 @@ _PE_AXES = {
 }
 
 
-def _FIRST_ROWS(t):
+def _first_rows(t):
     return t[:4]
 
 
@@ -111,7 +111,7 @@ def check_positional_encoding(fn_or_cls, *, verbose: bool = True) -> CheckResult
             table = _squeeze_table(report, table, max_len, d_model, f"fn({max_len}, {d_model})")
             if _compare(report, "the table matches sinusoidal_table (sin on even columns, cos on "
                         "odd, frequencies 1/10000^(2i/d_model))", table, ref, _PE_AXES,
-                        variant_table, _FIRST_ROWS):
+                        variant_table, _first_rows):
                 _odd_probe(report, lambda d: fn_or_cls(20, d))
             return
         module = _instantiate(report, fn_or_cls, (d_model, max_len, 0.1),
@@ -129,7 +129,7 @@ def check_positional_encoding(fn_or_cls, *, verbose: bool = True) -> CheckResult
                                ".to(device) would leave it behind")
             table = _squeeze_table(report, pe.detach(), max_len, d_model, "pe")
             if _compare(report, "pe matches sinusoidal_table", table, ref, _PE_AXES,
-                        variant_table, _FIRST_ROWS):
+                        variant_table, _first_rows):
                 _odd_probe(report, lambda d: fn_or_cls(d, 20, 0.1).pe)
         else:
             report.note("no `pe` attribute found: only forward(x) is checked")
