@@ -20,15 +20,11 @@ from .masks import decoder_self_mask, lookahead_mask, padding_mask
 from .positional import PositionalEncoding
 
 
-class Encoder(nn.Module):
-    """Token ids (N, L_src) -> memory (N, L_src, d_model).
+class _Stack(nn.Module):
+    """What Encoder and Decoder share: token embedding, positional encoding, ``n_layers``
+    layers of one kind, and a final LayerNorm ``norm``."""
 
-    embedding * sqrt(d_model), positional encoding, ``n_layers`` EncoderLayers,
-    then a final LayerNorm ``norm``. Pre-LN needs that final norm, since its
-    residual stream is never normalised otherwise. Post-LN does not strictly
-    need it (each layer already ends in a LayerNorm), but torch.nn.Transformer
-    applies it in both modes; keeping it makes the two map weight for weight.
-    """
+    layer_cls: type[nn.Module]
 
     def __init__(self, vocab_size, d_model, n_heads, d_ff, n_layers, dropout=0.1,
                  max_len=512, norm_first=False, backend="manual"):
@@ -39,10 +35,23 @@ class Encoder(nn.Module):
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.pos_encoding = PositionalEncoding(d_model, max_len, dropout)
         self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first, backend)
+            [self.layer_cls(d_model, n_heads, d_ff, dropout, norm_first, backend)
              for _ in range(n_layers)]
         )
         self.norm = nn.LayerNorm(d_model)
+
+
+class Encoder(_Stack):
+    """Token ids (N, L_src) -> memory (N, L_src, d_model).
+
+    embedding * sqrt(d_model), positional encoding, ``n_layers`` EncoderLayers,
+    then a final LayerNorm ``norm``. Pre-LN needs that final norm, since its
+    residual stream is never normalised otherwise. Post-LN does not strictly
+    need it (each layer already ends in a LayerNorm), but torch.nn.Transformer
+    applies it in both modes; keeping it makes the two map weight for weight.
+    """
+
+    layer_cls = EncoderLayer
 
     def forward(self, src, mask=None):
         if not inputs_checked():
@@ -60,25 +69,13 @@ def _check_decoder_inputs(tgt, memory, embedding: nn.Embedding) -> None:
     check_same_batch(memory, tgt)
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """Token ids (N, L_tgt) and memory (N, L_src, d_model) -> hidden states (N, L_tgt, d_model).
 
     The final LayerNorm ``norm`` is kept for the same reason as in :class:`Encoder`.
     """
 
-    def __init__(self, vocab_size, d_model, n_heads, d_ff, n_layers, dropout=0.1,
-                 max_len=512, norm_first=False, backend="manual"):
-        super().__init__()
-        check_positive_int("vocab_size", vocab_size)
-        check_positive_int("n_layers", n_layers)
-        self.d_model = d_model
-        self.embedding = nn.Embedding(vocab_size, d_model)
-        self.pos_encoding = PositionalEncoding(d_model, max_len, dropout)
-        self.layers = nn.ModuleList(
-            [DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first, backend)
-             for _ in range(n_layers)]
-        )
-        self.norm = nn.LayerNorm(d_model)
+    layer_cls = DecoderLayer
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, cache: KVCache | None = None):
         """With a :class:`KVCache` ``tgt`` holds only the new tokens: their positions
