@@ -14,6 +14,7 @@ from .masks import check_masks
 from .model import check_transformer
 from .multi_head import check_multi_head_attention
 from .positional import check_positional_encoding
+from .quiz import check_shape_quiz
 from .report import CheckResult
 from .training import check_train_step
 
@@ -46,7 +47,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
-    ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*`` and
+    ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
+    ``*quiz*`` (the shape quiz: a function returning the answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
     :func:`check_masks`).
     """
@@ -81,6 +83,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                               _bind(check_label_smoothing, obj)))
             elif "greedy" in key:
                 found.append((f"check_greedy_decode({name})", _bind(check_greedy_decode, obj)))
+            elif "quiz" in key:
+                found.append((f"check_shape_quiz({name})", _bind(check_shape_quiz, obj)))
     if masks:
         label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
 
