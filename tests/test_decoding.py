@@ -2,8 +2,14 @@ import pytest
 import torch
 
 import tx_helpers as tx
-from tx_helpers.data import DATE_VOCAB, date_model_config
-from tx_helpers.decoding import exact_match, exact_match_accuracy, greedy_decode, translate
+from tx_helpers.data import (
+    DATE_VOCAB,
+    date_model_config,
+    exact_match,
+    exact_match_accuracy,
+    translate,
+)
+from tx_helpers.decoding import greedy_decode
 
 BOS, EOS, PAD = 1, 2, 0
 

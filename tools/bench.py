@@ -443,8 +443,7 @@ def bench_notebooks(s: dict) -> dict:
 # ---------------------------------------------------------------- 5. dates task
 
 def bench_dates(s: dict) -> dict:
-    from tx_helpers.data import DATE_VOCAB, DatePairs
-    from tx_helpers.decoding import exact_match_accuracy
+    from tx_helpers.data import DATE_VOCAB, DatePairs, exact_match_accuracy
     from tx_helpers.pretrained import DATES_RECIPE, dates_training
     from tx_helpers.training import History, train
 

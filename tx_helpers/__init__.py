@@ -3,15 +3,17 @@ from . import grading as grading  # diagnostic checks for the exercises
 from . import interop as interop  # tx weights into the matching torch.nn modules
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig
-from .data import DATE_VOCAB, CharVocab, DatePairs, date_model_config, make_batch
-from .decoding import (
-    BeamOutput,
-    beam_search,
+from .data import (
+    DATE_VOCAB,
+    CharVocab,
+    DatePairs,
+    date_model_config,
     exact_match,
     exact_match_accuracy,
-    greedy_decode,
+    make_batch,
     translate,
 )
+from .decoding import BeamOutput, beam_search, greedy_decode
 from .introspection import ShapeTrace, count_parameters, trace_shapes
 from .layers import DecoderLayer, EncoderLayer, FeedForward
 from .masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask

@@ -26,6 +26,7 @@ import torch
 
 from ._checks import check_positive_int
 from .config import ModelConfig
+from .decoding import greedy_decode
 
 FIRST_DAY = dt.date(1969, 1, 1)
 LAST_DAY = dt.date(2068, 12, 31)
@@ -251,3 +252,41 @@ def date_model_config(**overrides) -> ModelConfig:
     kw = dict(src_vocab_size=len(DATE_VOCAB), tgt_vocab_size=len(DATE_VOCAB),
               pad_idx=DATE_VOCAB.pad_idx, max_len=64)
     return ModelConfig(**{**kw, **overrides})
+
+
+# ---------------------------------------------------------------- text in, text out
+
+def translate(model, texts, vocab, *, max_len: int = 16, batch_size: int = 512,
+              use_cache: bool = True, device=None) -> list[str]:
+    """Greedy-decode a list of strings with a character ``vocab``; return strings."""
+    if vocab.pad_idx != model.config.pad_idx:
+        raise ValueError(f"the vocabulary's pad id ({vocab.pad_idx}) differs from the model's "
+                         f"config.pad_idx ({model.config.pad_idx}): build the model for this "
+                         f"vocabulary (e.g. tx.date_model_config for tx.DATE_VOCAB)")
+    device = device or next(model.parameters()).device
+    out = []
+    for i in range(0, len(texts), batch_size):
+        chunk = texts[i:i + batch_size]
+        src = pad_sequences([vocab.encode(t) for t in chunk], vocab.pad_idx)  # (N, L_src)
+        ids = greedy_decode(model, src.to(device), bos_idx=vocab.bos_idx, eos_idx=vocab.eos_idx,
+                            max_len=max_len, use_cache=use_cache)
+        out.extend(vocab.decode_batch(ids.cpu()))
+    return out
+
+
+def exact_match(predictions, targets) -> float:
+    """Share of predictions equal to their target string."""
+    predictions, targets = list(predictions), list(targets)
+    if len(predictions) != len(targets):
+        raise ValueError(f"got {len(predictions)} predictions for {len(targets)} targets")
+    return sum(p == t for p, t in zip(predictions, targets, strict=True)) / max(len(targets), 1)
+
+
+def exact_match_accuracy(model, pairs, vocab, *, max_len: int = 16, batch_size: int = 512,
+                         use_cache: bool = True, device=None) -> float:
+    """Free-running greedy exact-match accuracy on [(source, target), ...] string pairs."""
+    sources = [s for s, _ in pairs]
+    targets = [t for _, t in pairs]
+    predictions = translate(model, sources, vocab, max_len=max_len, batch_size=batch_size,
+                            use_cache=use_cache, device=device)
+    return exact_match(predictions, targets)

@@ -1,4 +1,8 @@
-"""Free-running greedy decoding, with and without a key/value cache, and accuracy helpers."""
+"""Free-running decoding on token ids: greedy (with or without a key/value cache) and beam search.
+
+The text-in, text-out helpers built on it (``translate``, ``exact_match_accuracy``) live
+with the data, in :mod:`tx_helpers.data`.
+"""
 from __future__ import annotations
 
 import math
@@ -10,7 +14,6 @@ import torch.nn.functional as F
 
 from ._checks import check_nonnegative_int, check_positive_int, check_tokens, checked_inputs
 from .attention import KVCache
-from .data import pad_sequences
 from .masks import padding_mask
 
 
@@ -105,42 +108,6 @@ def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
             if bool(finished.all()):
                 break
         return ys
-
-
-def translate(model, texts, vocab, *, max_len: int = 16, batch_size: int = 512,
-              use_cache: bool = True, device=None) -> list[str]:
-    """Greedy-decode a list of strings with a character ``vocab``; return strings."""
-    if vocab.pad_idx != model.config.pad_idx:
-        raise ValueError(f"the vocabulary's pad id ({vocab.pad_idx}) differs from the model's "
-                         f"config.pad_idx ({model.config.pad_idx}): build the model for this "
-                         f"vocabulary (e.g. tx.date_model_config for tx.DATE_VOCAB)")
-    device = device or next(model.parameters()).device
-    out = []
-    for i in range(0, len(texts), batch_size):
-        chunk = texts[i:i + batch_size]
-        src = pad_sequences([vocab.encode(t) for t in chunk], vocab.pad_idx)  # (N, L_src)
-        ids = greedy_decode(model, src.to(device), bos_idx=vocab.bos_idx, eos_idx=vocab.eos_idx,
-                            max_len=max_len, use_cache=use_cache)
-        out.extend(vocab.decode_batch(ids.cpu()))
-    return out
-
-
-def exact_match(predictions, targets) -> float:
-    """Share of predictions equal to their target string."""
-    predictions, targets = list(predictions), list(targets)
-    if len(predictions) != len(targets):
-        raise ValueError(f"got {len(predictions)} predictions for {len(targets)} targets")
-    return sum(p == t for p, t in zip(predictions, targets, strict=True)) / max(len(targets), 1)
-
-
-def exact_match_accuracy(model, pairs, vocab, *, max_len: int = 16, batch_size: int = 512,
-                         use_cache: bool = True, device=None) -> float:
-    """Free-running greedy exact-match accuracy on [(source, target), ...] string pairs."""
-    sources = [s for s, _ in pairs]
-    targets = [t for _, t in pairs]
-    predictions = translate(model, sources, vocab, max_len=max_len, batch_size=batch_size,
-                            use_cache=use_cache, device=device)
-    return exact_match(predictions, targets)
 
 
 # ---------------------------------------------------------------- beam search
