@@ -1,4 +1,4 @@
-"""The KV cache: cached decoding equals full decoding, in steps or chunks; reorder; dict layout."""
+"""The KV cache: cached decoding equals full decoding, in steps or chunks; reorder; KVCache only."""
 from __future__ import annotations
 
 import pytest
@@ -57,20 +57,12 @@ def test_kv_cache_reorder_moves_self_rows_only():
     assert cache.layers[1].cross_attn.k is cross_k  # the memory's rows are the caller's to arrange
 
 
-def test_dict_cache_still_accepted():
-    """Transformer.decode fills a plain dict with the older nested layout (notebook 11 reads it)."""
+def test_a_dict_cache_is_refused():
     model = tx.Transformer(small_config()).to(DT).eval()
-    src = padded_ids(SRC_LENGTHS, L_SRC, SRC_VOCAB)
-    tgt = padded_ids((L_TGT,) * N, L_TGT, TGT_VOCAB)
-    memory = model.encode(src)
-    new, old = tx.KVCache(), {}
-    for t in range(L_TGT):
-        a = model.decode(tgt[:, t:t + 1], memory, cache=new)
-        b = model.decode(tgt[:, t:t + 1], memory, cache=old)
-        assert torch.equal(a, b)
-    assert old["length"] == L_TGT
-    assert torch.equal(old["layers"][0]["self"]["k"], new.layers[0].self_attn.k)
-    assert torch.equal(old["layers"][0]["cross"]["v"], new.layers[0].cross_attn.v)
+    memory = model.encode(padded_ids(SRC_LENGTHS, L_SRC, SRC_VOCAB))
+    with pytest.raises(TypeError, match=r"cache must be a tx.KVCache \(start with cache = "
+                                        r"tx.KVCache\(\)\), got dict"):
+        model.decode(padded_ids((1,) * N, 1, TGT_VOCAB), memory, cache={})
 
 
 def test_cached_decode_in_chunks():

@@ -115,24 +115,6 @@ class KVCache:
             layer.self_attn.reorder(index)
             layer.cross_attn.reorder(index)
 
-    # The nested-dict cache of earlier versions ({"length", "layers": [{"self": {"k", "v"},
-    # "cross": {...}}]}) is still accepted by Transformer.decode through these two.
-    @classmethod
-    def from_dict(cls, d: dict) -> KVCache:
-        cache = cls()
-        cache.length = d.get("length", 0)
-        for i, entry in enumerate(d.get("layers", [])):
-            for part, attn in (("self", cache.layer(i).self_attn),
-                               ("cross", cache.layer(i).cross_attn)):
-                attn.k, attn.v = entry.get(part, {}).get("k"), entry.get(part, {}).get("v")
-        return cache
-
-    def to_dict(self, d: dict) -> None:
-        d["length"] = self.length
-        d["layers"] = [{part: {"static": not attn.grows, "k": attn.k, "v": attn.v}
-                        for part, attn in (("self", layer.self_attn),
-                                           ("cross", layer.cross_attn))}
-                       for layer in self.layers]
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with one merged Linear per Q, K and V.

@@ -69,7 +69,7 @@ def _eval_mode(model):
 
 @torch.no_grad()
 def greedy_decode(model, src, *, bos_idx: int, eos_idx: int, max_len: int,
-                  pad_idx: int | None = None, use_cache: bool = False) -> torch.Tensor:
+                  pad_idx: int | None = None, use_cache: bool = True) -> torch.Tensor:
     """Generate from ``src`` (N, L_src), one argmax token at a time.
 
     Returns ids (N, L) with L <= max_len + 1: column 0 is BOS, then up to

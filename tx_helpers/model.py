@@ -139,12 +139,10 @@ class Transformer(nn.Module):
         ``decode`` cannot see the source tokens, so the memory is unmasked
         unless ``src_mask`` is given. With a :class:`KVCache` ``cache``, a None
         ``tgt_mask`` becomes the look-ahead mask shifted by the cached length.
-        A plain dict (empty at the start) is still accepted as a cache and
-        filled with the older nested-dict layout.
         """
-        legacy = cache if isinstance(cache, dict) else None
-        if legacy is not None:
-            cache = KVCache.from_dict(legacy)
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a tx.KVCache (start with cache = tx.KVCache()), got "
+                            f"{type(cache).__name__}")
         if not inputs_checked():
             _check_decoder_inputs(tgt, memory, self.decoder.embedding)
         if tgt_mask is None:
@@ -154,10 +152,7 @@ class Transformer(nn.Module):
                 tgt_mask = lookahead_mask(tgt.size(1), tgt.device,
                                           past=cache.length)[None]  # (1, L, past + L)
         with checked_inputs():
-            hidden = self.decoder(tgt, memory, tgt_mask, src_mask, cache)
-        if legacy is not None:
-            cache.to_dict(legacy)
-        return hidden
+            return self.decoder(tgt, memory, tgt_mask, src_mask, cache)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
         """src (N, L_src), tgt (N, L_tgt) -> logits (N, L_tgt, tgt_vocab_size)."""

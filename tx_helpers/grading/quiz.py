@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import MultiHeadAttention
+from ..attention import KVCache, MultiHeadAttention
 from ..config import ModelConfig
 from ..masks import decoder_self_mask, lookahead_mask, padding_mask
 from ..model import Transformer
@@ -37,7 +37,7 @@ def quiz_shapes() -> dict[str, tuple[int, ...]]:
         out = cross(torch.randn(2, 5, 32), torch.randn(2, 7, 32), torch.randn(2, 7, 32))
         small = Transformer(ModelConfig(d_model=32, n_heads=4, d_ff=64)).eval()
         memory = small.encode(torch.randint(3, 128, (2, 7)))
-        cache: dict = {}
+        cache = KVCache()
         for _ in range(3):
             small.decode(torch.randint(3, 128, (2, 1)), memory, cache=cache)
         logits = Transformer(ModelConfig()).eval()(torch.randint(3, 128, (4, 9)),
@@ -45,7 +45,7 @@ def quiz_shapes() -> dict[str, tuple[int, ...]]:
         shapes = [cross.attn_weights, out, lookahead_mask(3, past=4),
                   padding_mask(torch.ones(2, 7, dtype=torch.long), 0),
                   decoder_self_mask(torch.ones(2, 5, dtype=torch.long), 0),
-                  cache["layers"][0]["self"]["k"], logits]
+                  cache.layers[0].self_attn.k, logits]
     return {key: tuple(t.shape) for key, t in zip(QUESTIONS, shapes, strict=True)}
 
 
