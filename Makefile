@@ -31,7 +31,7 @@ check-python:
 $(STAMP): requirements.txt pyproject.toml
 	@$(MAKE) --no-print-directory check-python
 	@echo "First set-up: a virtual environment in $(VENV)/ with the pinned packages"
-	@echo "(about 1.5 GB once installed; about 1.5 minutes on a fresh 2-core machine, seconds after that)."
+	@echo "(about 1.5 GB once installed; about 2 minutes on a fresh 2-core machine, seconds after that)."
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar on -r requirements.txt
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
@@ -69,7 +69,7 @@ notebooks: setup
 	$(BIN)/python tools/make_exercises.py  # the student copies follow their solved notebooks
 
 # The trained models that ship in tx_helpers/models/ (recipes in tx_helpers/pretrained.py):
-# retrains every one on one thread (about 4 min of CPU time) and rewrites MANIFEST.json.
+# retrains every one on one thread (about 3 min of CPU time) and rewrites MANIFEST.json.
 models: setup
 	$(BIN)/python tools/make_models.py
 
