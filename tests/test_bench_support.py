@@ -126,7 +126,7 @@ def test_bench_quick_run_writes_well_formed_table(tmp_path):
     report = json.loads((tmp_path / "latest.json").read_text(encoding="utf-8"))
     assert md.startswith("## Benchmarks\n")
     assert "torch " + torch.__version__ in md
-    assert set(report["sections"]) == {"train", "attention", "decoding"}
+    assert set(report["sections"]) == {"train", "attention", "decoding", "g2p"}
     for key in ("date", "cpu", "logical_cores", "torch", "torch_threads"):
         assert report["machine"][key] not in (None, "")
     assert report["machine"]["torch_threads"] == 1

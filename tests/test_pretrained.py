@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import tx_helpers as tx
-from tx_helpers import pretrained
+from tx_helpers import pretrained, training
+from tx_helpers.g2p import g2p_model_config
 from tx_helpers.pretrained import ModelFileError, load_pretrained, save_pretrained
 
 
@@ -41,7 +42,8 @@ def test_every_shipped_model_loads_and_matches_its_recipe(name):
     assert not model.training
     assert info["recipe_hash"] == pretrained.recipe_hash(recipe)
     assert info["recipe"] == recipe
-    assert model.config == tx.date_model_config(**recipe["model"])
+    make_config = g2p_model_config if recipe.get("task") == "g2p" else tx.date_model_config
+    assert model.config == make_config(**recipe["model"])
     manifest = json.loads(pretrained.MANIFEST.read_text())
     assert manifest[name]["sha256"] == pretrained.file_sha256(pretrained.model_path(name))
 
@@ -148,9 +150,9 @@ def test_read_only_checkout_loads(shipped, monkeypatch):
 
     monkeypatch.setattr("builtins.open", read_only_open)
     for name in ("mkstemp", "NamedTemporaryFile"):
-        monkeypatch.setattr(pretrained.tempfile, name, refuse)
+        monkeypatch.setattr(training.tempfile, name, refuse)
     for name in ("replace", "remove", "mkdir", "chmod"):
-        monkeypatch.setattr(pretrained.os, name, refuse)
+        monkeypatch.setattr(training.os, name, refuse)
     model, _ = load_pretrained("dates", "cpu", folder=shipped)
     assert not model.training
 
@@ -193,3 +195,70 @@ def test_save_then_load_round_trip(tmp_path):
 def test_unknown_name():
     with pytest.raises(ValueError, match=r"name must be one of \['dates', "):
         load_pretrained("dates-v0")
+
+
+def test_an_interrupted_build_resumes_to_the_same_weights(tmp_path, monkeypatch):
+    """make models checkpoints every CHECKPOINT_EVERY steps; a rerun after a crash picks up
+    there and ends with the weights and history of an uninterrupted run."""
+    from tx_helpers import g2p
+    recipe = {**g2p.G2P_RECIPE, "steps": 6, "batch_size": 8, "average_last": 2,
+              "average_every": 2,  # the result is the mean of the weights at steps 4 and 6
+              "model": {**g2p.G2P_RECIPE["model"], "d_model": 16, "d_ff": 32, "n_layers": 1}}
+    monkeypatch.setattr(pretrained, "CHECKPOINT_EVERY", 2)
+    whole, whole_history = pretrained.train_from_recipe(recipe)
+
+    real_step, calls = training.train_step, []
+
+    def crash_at_step_5(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    checkpoint = tmp_path / "g2p.pt"
+    monkeypatch.setattr(training, "train_step", crash_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        pretrained.train_from_recipe(recipe, checkpoint=checkpoint)
+    assert torch.load(checkpoint, weights_only=True)["step"] == 4
+    monkeypatch.setattr(training, "train_step", real_step)
+    resumed, history = pretrained.train_from_recipe(recipe, checkpoint=checkpoint)
+    assert history.loss == whole_history.loss and len(history) == 6
+    for name, tensor in whole.state_dict().items():
+        assert torch.equal(tensor, resumed.state_dict()[name]), name
+    # a checkpoint of another recipe is ignored, not resumed
+    _, fresh = pretrained.train_from_recipe({**recipe, "seed": 1}, checkpoint=checkpoint)
+    assert len(fresh) == 6 and fresh.loss != whole_history.loss
+
+
+def test_average_weights_is_the_elementwise_mean_and_keeps_shared_tensors_exact():
+    a = {"w": torch.tensor([1.0, 2.0]), "pe": torch.tensor([0.1, 0.7])}
+    b = {"w": torch.tensor([3.0, 6.0]), "pe": torch.tensor([0.1, 0.7])}
+    c = {"w": torch.tensor([2.0, 1.0]), "pe": torch.tensor([0.1, 0.7])}
+    mean = pretrained.average_weights([a, b, c])
+    assert torch.equal(mean["w"], torch.tensor([2.0, 3.0]))
+    assert torch.equal(mean["pe"], a["pe"]) and mean["pe"].dtype == torch.float32
+    with pytest.raises(ValueError, match="at least one state dict"):
+        pretrained.average_weights([])
+
+
+def test_averaging_takes_the_last_snapshots(monkeypatch):
+    """average_last=2, average_every=2 on 4 steps: the mean of the weights after steps 2 and 4."""
+    from tx_helpers import g2p
+    base = {**g2p.G2P_RECIPE, "steps": 4, "batch_size": 8,
+            "model": {**g2p.G2P_RECIPE["model"], "d_model": 16, "d_ff": 32, "n_layers": 1}}
+    seen = []
+    real_train = training.train
+
+    def spy(model, *args, callback=None, **kwargs):
+        def record(history):
+            seen.append({k: v.clone() for k, v in model.state_dict().items()})
+            if callback is not None:
+                callback(history)
+        return real_train(model, *args, callback=record, **kwargs)
+
+    monkeypatch.setattr(pretrained, "train", spy)
+    averaged, _ = pretrained.train_from_recipe({**base, "average_last": 2, "average_every": 2})
+    expected = pretrained.average_weights([seen[1], seen[3]])
+    for name, tensor in averaged.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+    assert not torch.equal(averaged.generator.weight, seen[3]["generator.weight"])

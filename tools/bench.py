@@ -34,6 +34,9 @@ folder) and prints the same Markdown. Sections:
    periodically to measure free-running greedy exact match on held-out dates; the
    reported time is training time only (evaluation excluded), at the first evaluation
    that reaches the target.
+6. English pronunciation (notebook 13): the shipped G2P model's word and phone error
+   rates on every held-out test word, greedy and with a beam of 4, and the time of
+   notebook 13's live run (``g2p.LIVE_RECIPE``) with its validation WER.
 
 Numbers from a busy machine are noisy: the header prints the load average at the start
 and at the end of the run.
@@ -78,6 +81,7 @@ FULL = dict(
     decode_block_s=0.0,
     dates_eval_n=1000, dates_eval_every=25, dates_eval_every_near=10, dates_near=0.95,
     dates_target=0.98, dates_max_steps=None,
+    g2p_test_n=None, g2p_live_steps=None,
 )
 QUICK = dict(
     train_batch=(4, 8), train_rounds=2, train_warmup=1, train_block_s=0.0,
@@ -86,6 +90,7 @@ QUICK = dict(
     decode_block_s=0.0,
     dates_eval_n=100, dates_eval_every=5, dates_eval_every_near=5, dates_near=0.9,
     dates_target=0.98, dates_max_steps=10,
+    g2p_test_n=200, g2p_live_steps=5,
 )
 
 # The clock of the timed blocks: wall time (default) or this process's CPU time
@@ -96,8 +101,11 @@ _clock = time.perf_counter
 
 GOAL_TRAIN_RATIO = 1.0  # tx step time / nn step time
 GOAL_KV_SPEEDUP = 3.0  # at 64 new tokens
-GOAL_NOTEBOOKS_S = 240.0  # whole series
+GOAL_NOTEBOOKS_S = 240.0  # the core series, 00-12
+GOAL_REAL_DATA_NB_S = 150.0  # notebook 13 alone
 GOAL_DATES_S = 60.0  # training time to 98% exact match
+GOAL_G2P_WER, GOAL_G2P_PER = 0.30, 0.075  # shipped model, greedy, held-out words, no stress
+GOAL_G2P_LIVE_S = 120.0  # notebook 13's live training
 
 
 # ---------------------------------------------------------------- timing helpers
@@ -505,6 +513,44 @@ def bench_dates(s: dict) -> dict:
     }
 
 
+# ---------------------------------------------------------------- 6. pronunciation
+
+def bench_g2p(s: dict) -> dict:
+    from tx_helpers import g2p
+    from tx_helpers.pretrained import train_from_recipe
+
+    lexicon = g2p.load_lexicon()
+    _, valid, test = g2p.split_words(lexicon, **g2p.G2P_RECIPE["split"])
+    test = test[: s["g2p_test_n"]] if s["g2p_test_n"] else test
+    model = g2p.load_pretrained("cpu")
+    rows = []
+    for beam in (1, 4):
+        start = time.perf_counter()
+        result = g2p.evaluate(test, model=model, beam_size=beam, lexicon=lexicon)
+        rows.append([f"shipped, {'greedy' if beam == 1 else f'beam of {beam}'}",
+                     result["words"], f"{result['wer']:.1%}", f"{result['per']:.1%}",
+                     time.perf_counter() - start])
+    live = {**g2p.LIVE_RECIPE, "steps": s["g2p_live_steps"] or g2p.LIVE_RECIPE["steps"]}
+    live_model, history = train_from_recipe(live)
+    result = g2p.evaluate(valid, model=live_model, lexicon=lexicon)
+    rows.append([f"live run, {live['steps']} steps (validation words)", result["words"],
+                 f"{result['wer']:.1%}", f"{result['per']:.1%}", history.seconds])
+    return {
+        "title": "English pronunciation (notebook 13): shipped model and live run",
+        "columns": ["model", "words", "WER", "PER", "seconds"],
+        "rows": rows,
+        "wer": float(rows[0][2].rstrip("%")) / 100, "per": float(rows[0][3].rstrip("%")) / 100,
+        "full_test": not (s["g2p_test_n"] or s["g2p_live_steps"]),
+        "live_s": history.seconds,
+        "notes": [
+            "Held-out test words of g2p.split_words (none is a training word), stress digits "
+            "removed; a word is right when it matches any of its pronunciations. Seconds: "
+            "scoring time for the shipped model, training time (without scoring) for the live "
+            "run (g2p.LIVE_RECIPE).",
+        ],
+    }
+
+
 # ---------------------------------------------------------------- report
 
 def _fmt(v) -> str:
@@ -546,17 +592,35 @@ def goals(sections: dict) -> list[dict]:
                 add("KV cache speed-up at 64 new tokens", f"x{row[3]:.2f}",
                     f">= {GOAL_KV_SPEEDUP:.0f}", row[3] >= GOAL_KV_SPEEDUP)
     if "notebooks" in sections:
-        total = sections["notebooks"]["total_s"]
-        ok = all(r[2] == "ok" for r in sections["notebooks"]["rows"][:-1])
+        rows = sections["notebooks"]["rows"][:-1]
+        core = [r for r in rows if not r[0].startswith("13_")]
+        total = sum(r[1] for r in core)
+        ok = all(r[2] == "ok" for r in core)
         subset = sections["notebooks"]["subset"]
-        add("notebook series" + (" (a subset: --nb-glob)" if subset else ""),
+        add("notebook series 00-12" + (" (a subset: --nb-glob)" if subset else ""),
             f"{total:.0f} s" + ("" if ok else " (errors)"), f"< {GOAL_NOTEBOOKS_S:.0f} s",
             None if subset else ok and total < GOAL_NOTEBOOKS_S)
+        for name, seconds, status in rows:
+            if name.startswith("13_"):
+                add("notebook 13 (real data)", f"{seconds:.0f} s" + (
+                    "" if status == "ok" else " (errors)"), f"< {GOAL_REAL_DATA_NB_S:.0f} s",
+                    status == "ok" and seconds < GOAL_REAL_DATA_NB_S)
     if "dates" in sections:
         d = sections["dates"]
         add("dates task to 98% exact match",
             f"{d['seconds']:.1f} s" if d["reached"] else "not reached",
             f"< {GOAL_DATES_S:.0f} s", bool(d["reached"] and d["seconds"] < GOAL_DATES_S))
+    if "g2p" in sections:
+        g = sections["g2p"]
+        full = g["full_test"]
+        add("G2P shipped model WER, greedy" + ("" if full else " (a subset: --quick)"),
+            f"{g['wer']:.1%}", f"<= {GOAL_G2P_WER:.0%}", g["wer"] <= GOAL_G2P_WER if full else None)
+        add("G2P shipped model PER, greedy" + ("" if full else " (a subset: --quick)"),
+            f"{g['per']:.1%}", f"<= {GOAL_G2P_PER:.1%}",
+            g["per"] <= GOAL_G2P_PER if full else None)
+        add("G2P live run (notebook 13)" + ("" if full else " (shortened: --quick)"),
+            f"{g['live_s']:.0f} s", f"< {GOAL_G2P_LIVE_S:.0f} s",
+            g["live_s"] < GOAL_G2P_LIVE_S if full else None)
     return out
 
 
@@ -665,7 +729,7 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-notebooks", action="store_true")
     parser.add_argument("--skip-dates", action="store_true")
     parser.add_argument("--only", nargs="+",
-                        choices=["train", "attention", "decoding", "notebooks", "dates"],
+                        choices=["train", "attention", "decoding", "notebooks", "dates", "g2p"],
                         help="run only these sections")
     parser.add_argument("--dates-steps", type=int, default=None,
                         help="train the dates recipe for this many steps instead")
@@ -695,7 +759,7 @@ def _run(args, argv) -> int:
     _clock = CLOCKS[args.clock]
     settings = dict(QUICK if args.quick else FULL, dates_steps=args.dates_steps,
                     nb_glob=args.nb_glob)
-    wanted = args.only or ["train", "attention", "decoding", "notebooks", "dates"]
+    wanted = args.only or ["train", "attention", "decoding", "notebooks", "dates", "g2p"]
     if args.skip_notebooks and "notebooks" in wanted:
         wanted.remove("notebooks")
     if args.skip_dates and "dates" in wanted:
@@ -717,7 +781,8 @@ def _run(args, argv) -> int:
               "machine": machine_info(), "settings": settings, "sections": {}}
     started = time.perf_counter()
     runners = {"train": bench_train_step, "attention": bench_attention,
-               "decoding": bench_decoding, "notebooks": bench_notebooks, "dates": bench_dates}
+               "decoding": bench_decoding, "notebooks": bench_notebooks, "dates": bench_dates,
+               "g2p": bench_g2p}
     for name in wanted:
         t = time.perf_counter()
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)

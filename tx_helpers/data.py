@@ -41,6 +41,8 @@ class CharVocab:
 
     ``encode("2026-11-30", bos=True, eos=True)`` -> [1, ..., 2];
     ``decode(ids)`` skips pad/bos and stops at the first eos.
+    ``chars`` may also be a list of multi-character symbols (``tx_helpers.g2p``'s
+    phones): ``encode`` then takes a list of them and ``decode_tokens`` gives one back.
     """
 
     specials = ("<pad>", "<bos>", "<eos>")
@@ -65,8 +67,8 @@ class CharVocab:
         ids = [self.stoi[c] for c in text]
         return ([self.bos_idx] if bos else []) + ids + ([self.eos_idx] if eos else [])
 
-    def decode(self, ids) -> str:
-        """ids (list or 1-D tensor) -> text, skipping pad/bos, stopping at eos."""
+    def decode_tokens(self, ids) -> list[str]:
+        """ids (list or 1-D tensor) -> symbols, skipping pad/bos, stopping at eos."""
         if isinstance(ids, torch.Tensor):
             ids = ids.tolist()
         out = []
@@ -76,7 +78,11 @@ class CharVocab:
             if i in (self.pad_idx, self.bos_idx):
                 continue
             out.append(self.itos[i])
-        return "".join(out)
+        return out
+
+    def decode(self, ids) -> str:
+        """ids (list or 1-D tensor) -> text: :meth:`decode_tokens` joined."""
+        return "".join(self.decode_tokens(ids))
 
     def decode_batch(self, ids) -> list[str]:
         """(N, L) ids -> N strings."""

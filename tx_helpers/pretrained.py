@@ -19,18 +19,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
-import os
 import platform
-import tempfile
 from pathlib import Path
 
 import torch
 
+from . import g2p
 from .data import DATE_VOCAB, DatePairs, date_batches, date_model_config
 from .model import Transformer
 from .notebook import get_device
-from .training import noam_scheduler, paper_adam, train
+from .training import (
+    History,
+    atomic_write,
+    load_checkpoint,
+    noam_scheduler,
+    paper_adam,
+    save_checkpoint,
+    train,
+)
 
 #: Everything that decides the trained dates weights. Bump ``version`` when code
 #: that the recipe does not name changes the result.
@@ -61,11 +69,15 @@ RECIPES = {
     "dates": DATES_RECIPE,
     "dates-under-trained": {**DATES_RECIPE, "steps": DATES_RECIPE["steps"] // 4},
     "dates-post-ln": {**DATES_RECIPE, "model": {**DATES_RECIPE["model"], "norm_first": False}},
+    "g2p": g2p.G2P_RECIPE,
 }
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 MANIFEST = MODELS_DIR / "MANIFEST.json"
 REBUILD = "make models"  # the command that rebuilds every shipped model
+#: Where ``make models`` keeps its resumable checkpoints (ignored by git).
+CHECKPOINT_DIR = Path(__file__).resolve().parents[1] / "build" / "checkpoints"
+CHECKPOINT_EVERY = 100  # steps between checkpoints
 
 
 class ModelFileError(ValueError):
@@ -103,6 +115,23 @@ def _recipe(name: str) -> dict:
     return RECIPES[name]
 
 
+def _is_g2p(recipe: dict) -> bool:
+    # The dates recipes predate the "task" key; adding it would change their hashes.
+    return recipe.get("task") == "g2p"
+
+
+def _config(recipe: dict):
+    make = g2p.g2p_model_config if _is_g2p(recipe) else date_model_config
+    return make(**recipe["model"])
+
+
+def _vocab(recipe: dict) -> str:
+    """The vocabulary a model file must hold, as one string."""
+    if _is_g2p(recipe):
+        return " ".join(g2p.LETTER_VOCAB.itos) + " | " + " ".join(g2p.PHONE_VOCAB.itos)
+    return "".join(DATE_VOCAB.itos)
+
+
 # ---------------------------------------------------------------- training
 
 def dates_training(recipe: dict = DATES_RECIPE):
@@ -123,37 +152,73 @@ def dates_training(recipe: dict = DATES_RECIPE):
     return model, optimizer, scheduler, batches
 
 
-def train_from_recipe(recipe: dict = DATES_RECIPE, *, progress: bool = False):
-    """Train a dates model from scratch on the CPU: returns ``(model, history)``.
+def _training(recipe: dict, start: int):
+    """``(model, optimizer, scheduler, batches)`` for any recipe, batches from step ``start``."""
+    if _is_g2p(recipe):
+        return g2p.g2p_training(recipe, start)
+    model, optimizer, scheduler, batches = dates_training(recipe)
+    return model, optimizer, scheduler, itertools.islice(batches, start, None)
 
-    Torch's global random state is put back afterwards, so a caller's random
-    stream does not depend on whether it trained.
+
+def train_from_recipe(recipe: dict = DATES_RECIPE, *, progress: bool = False,
+                      checkpoint: Path | None = None):
+    """Train a model from its recipe on the CPU: returns ``(model, history)``.
+
+    With ``checkpoint`` (a path), the run saves model, optimizer, scheduler, RNG and
+    history there every :data:`CHECKPOINT_EVERY` steps, and a run that finds a
+    checkpoint of the same recipe there resumes from it: the result is the same
+    as an uninterrupted run. Torch's global random state is put back afterwards,
+    so a caller's random stream does not depend on whether it trained.
+
+    A recipe with ``"average_last": k`` (and ``"average_every": m`` steps) returns the
+    average of the weights at the last k of every m steps, as the paper did for its
+    base models (section 6.1: the last 5 checkpoints, 10 minutes apart).
     """
+    steps, count = recipe["steps"], recipe.get("average_last", 1)
+    every = recipe.get("average_every", 1)
     state = torch.get_rng_state()
     try:
-        model, optimizer, scheduler, batches = dates_training(recipe)
+        start, history, snapshots = 0, History(), []
+        if checkpoint is not None and Path(checkpoint).is_file():
+            ckpt = torch.load(checkpoint, map_location="cpu", weights_only=True)
+            if ckpt["extra"].get("recipe_hash") == recipe_hash(recipe):
+                start, history = ckpt["step"], History(**ckpt["extra"]["history"])
+                snapshots = ckpt["extra"].get("snapshots", [])
+                print(f"resuming from {checkpoint} at step {start}", flush=True)
+        model, optimizer, scheduler, batches = _training(recipe, start)
+        if start:
+            load_checkpoint(checkpoint, model, optimizer, scheduler, restore_rng=True)
+
+        def after_step(history):
+            done = len(history)
+            if count > 1 and (steps - done) % every == 0 and steps - done < count * every:
+                snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+            if checkpoint is not None and (done % CHECKPOINT_EVERY == 0 or done == steps):
+                save_checkpoint(checkpoint, model, optimizer, scheduler, step=done,
+                                extra={"recipe_hash": recipe_hash(recipe), "snapshots": snapshots,
+                                       "history": dataclasses.asdict(history)})
+
         history = train(model, batches, optimizer, scheduler,
                         label_smoothing=recipe["label_smoothing"],
-                        clip_norm=recipe["clip_norm"], progress=progress, total=recipe["steps"])
+                        clip_norm=recipe["clip_norm"], progress=progress, total=steps,
+                        history=history, callback=after_step)
+        if count > 1:
+            model.load_state_dict(average_weights(snapshots))
     finally:
         torch.set_rng_state(state)
     return model.eval(), history
 
 
-# ---------------------------------------------------------------- writing
+def average_weights(state_dicts: list[dict]) -> dict:
+    """The element-wise mean of several state dicts of one model (summed in float64, so
+    a tensor that is the same in all of them comes back bit for bit)."""
+    if not state_dicts:
+        raise ValueError("average_weights needs at least one state dict, got none")
+    return {name: torch.stack([sd[name] for sd in state_dicts]).double().mean(0)
+            .to(state_dicts[0][name].dtype) for name in state_dicts[0]}
 
-def _atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)``, then rename over ``path``: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+
+# ---------------------------------------------------------------- writing
 
 
 def save_pretrained(name: str, model, history=None, *, folder: Path | None = None) -> Path:
@@ -169,7 +234,7 @@ def save_pretrained(name: str, model, history=None, *, folder: Path | None = Non
             "name": name,
             "recipe": recipe,
             "recipe_hash": recipe_hash(recipe),
-            "vocab": "".join(DATE_VOCAB.itos),
+            "vocab": _vocab(recipe),
             "weights_sha256": weights_sha256(state),
             "history": {} if history is None else {
                 "loss": history.loss, "accuracy": history.accuracy, "lr": history.lr,
@@ -178,13 +243,13 @@ def save_pretrained(name: str, model, history=None, *, folder: Path | None = Non
                           "machine": platform.machine()},
         },
     }
-    _atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
     manifest_path = folder / MANIFEST.name
     manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
     manifest[name] = {"file": path.name, "bytes": path.stat().st_size,
                       "sha256": file_sha256(path), "recipe_hash": recipe_hash(recipe)}
     text = json.dumps(dict(sorted(manifest.items())), indent=2) + "\n"
-    _atomic_write(manifest_path, lambda tmp: Path(tmp).write_text(text))
+    atomic_write(manifest_path, lambda tmp: Path(tmp).write_text(text))
     return path
 
 
@@ -202,7 +267,8 @@ def build(names=None, *, progress: bool = True) -> list[Path]:
         for name in names or sorted(RECIPES):
             print(f"{name}: training recipe {recipe_hash(_recipe(name))} on the CPU (1 thread)",
                   flush=True)
-            model, history = train_from_recipe(_recipe(name), progress=progress)
+            model, history = train_from_recipe(_recipe(name), progress=progress,
+                                               checkpoint=CHECKPOINT_DIR / f"{name}.pt")
             paths.append(save_pretrained(name, model, history))
             print(f"{name}: wrote {paths[-1]} ({paths[-1].stat().st_size:,} bytes)", flush=True)
     finally:
@@ -241,7 +307,7 @@ def load_pretrained(name: str = "dates", device=None, *, folder: Path | None = N
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
         extra, state = blob["extra"], blob["model"]
-        config = date_model_config(**recipe["model"])
+        config = _config(recipe)
         saved_config = blob["config"]
     except Exception as err:  # any unreadable file: name it instead of torch's internals
         first_line = str(err).strip().splitlines()[0][:120] if str(err).strip() else ""
@@ -251,8 +317,8 @@ def load_pretrained(name: str = "dates", device=None, *, folder: Path | None = N
         fail(f"made from recipe {extra.get('recipe_hash')}, but the code's recipe is {expected}")
     if saved_config != dataclasses.asdict(config):
         fail(f"config {saved_config} differs from the recipe's {dataclasses.asdict(config)}")
-    if extra.get("vocab") != "".join(DATE_VOCAB.itos):
-        fail("its vocabulary differs from tx.DATE_VOCAB")
+    if extra.get("vocab") != _vocab(recipe):
+        fail("its vocabulary differs from the one this code uses")
     if weights_sha256(state) != extra.get("weights_sha256"):
         fail("its weights do not match the checksum stored with them")
     model = Transformer(config)

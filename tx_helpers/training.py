@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -183,7 +186,7 @@ def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0
 def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float = 0.1,
           clip_norm: float | None = 1.0, pad_idx: int | None = None, progress: bool = False,
           total: int | None = None, history: History | None = None,
-          amp: str | None = None) -> History:
+          amp: str | None = None, callback=None) -> History:
     """Train ``model`` on an iterable of (src, tgt_in, tgt_out) batches; return a :class:`History`.
 
     Loss: ``CrossEntropyLoss(ignore_index=pad_idx, label_smoothing=label_smoothing)``
@@ -191,7 +194,9 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     Gradients are clipped to ``clip_norm`` (None: no clipping; the norm is still recorded).
     Batches are moved to the model's device, so the same call runs on CPU and CUDA.
     ``progress=True`` shows a tqdm bar (``total`` = number of batches, if known).
-    Pass an existing ``history`` to append to it when resuming.
+    Pass an existing ``history`` to append to it when resuming (the bar then starts at
+    ``len(history)``). ``callback(history)``, if given, runs after every step (a
+    checkpoint every k steps, a live plot, ...).
     ``amp``: None (default, float32), ``"bf16"`` (CPU or CUDA) or ``"fp16"`` (meant for
     CUDA; a ``torch.amp.GradScaler`` is created here): see :func:`train_step`.
     """
@@ -207,8 +212,8 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
     history = History() if history is None else history
     bar = None
     if progress:  # a plain-text bar: it looks the same live, in a saved notebook and in a log
-        bar = tqdm(total=total, desc="train", unit="step", file=sys.stdout, mininterval=1.0,
-                   ascii=True)
+        bar = tqdm(total=total, initial=len(history), desc="train", unit="step",
+                   file=sys.stdout, mininterval=1.0, ascii=True)
     start = time.perf_counter()
     try:
         for batch in batches:
@@ -221,6 +226,10 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
                 bar.update(1)
                 bar.set_postfix(loss=f"{out['loss']:.3f}", acc=f"{out['accuracy']:.3f}",
                                 refresh=False)
+            if callback is not None:
+                history.seconds += time.perf_counter() - start
+                start = time.perf_counter()
+                callback(history)
     finally:
         if bar is not None:
             bar.close()
@@ -230,6 +239,21 @@ def train(model, batches, optimizer, scheduler=None, *, label_smoothing: float =
 
 # ---------------------------------------------------------------- checkpoints
 
+def atomic_write(path, write) -> None:
+    """``write(tmp_path)``, then rename over ``path``: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def save_checkpoint(path, model, optimizer=None, scheduler=None, *, step: int | None = None,
                     extra: dict | None = None) -> None:
     """Save weights, config (as a plain dict), optimizer/scheduler state and torch RNG state.
@@ -237,6 +261,7 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, *, step: int | 
     Everything saved is tensors and plain Python values, so :func:`load_checkpoint`
     can use ``torch.load(weights_only=True)``. The RNG state (CPU and, when present,
     CUDA) lets a resumed run draw the same dropout masks as an uninterrupted one.
+    The file is written atomically: an interrupted save leaves the previous one intact.
     """
     ckpt = {
         "config": dataclasses.asdict(model.config),
@@ -248,7 +273,7 @@ def save_checkpoint(path, model, optimizer=None, scheduler=None, *, step: int | 
         "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
         "extra": extra or {},
     }
-    torch.save(ckpt, path)
+    atomic_write(path, lambda tmp: torch.save(ckpt, tmp))
 
 
 def load_checkpoint(path, model=None, optimizer=None, scheduler=None, *, device=None,
