@@ -201,7 +201,7 @@ def test_an_interrupted_build_resumes_to_the_same_weights(tmp_path, monkeypatch)
     """make models checkpoints every CHECKPOINT_EVERY steps; a rerun after a crash picks up
     there and ends with the weights and history of an uninterrupted run."""
     from tx_helpers import g2p
-    recipe = {**g2p.G2P_RECIPE, "steps": 6, "batch_size": 8, "average_last": 2,
+    recipe = {**g2p.G2P_RECIPE, "steps": 6, "batch_size": 8, "cooldown": 3, "average_last": 2,
               "average_every": 2,  # the result is the mean of the weights at steps 4 and 6
               "model": {**g2p.G2P_RECIPE["model"], "d_model": 16, "d_ff": 32, "n_layers": 1}}
     monkeypatch.setattr(pretrained, "CHECKPOINT_EVERY", 2)
@@ -244,7 +244,7 @@ def test_average_weights_is_the_elementwise_mean_and_keeps_shared_tensors_exact(
 def test_averaging_takes_the_last_snapshots(monkeypatch):
     """average_last=2, average_every=2 on 4 steps: the mean of the weights after steps 2 and 4."""
     from tx_helpers import g2p
-    base = {**g2p.G2P_RECIPE, "steps": 4, "batch_size": 8,
+    base = {**g2p.G2P_RECIPE, "steps": 4, "batch_size": 8, "cooldown": 2,
             "model": {**g2p.G2P_RECIPE["model"], "d_model": 16, "d_ff": 32, "n_layers": 1}}
     seen = []
     real_train = training.train

@@ -44,6 +44,32 @@ def test_scheduler_sets_the_formula_lr_on_the_optimizer():
         sched.step()
 
 
+def test_cooldown_decays_the_last_steps_linearly_and_leaves_the_rest_alone():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = paper_adam([p])
+    sched = noam_scheduler(opt, d_model=64, warmup=10, factor=2.0, cooldown=4, total=20)
+    lrs = []
+    for _ in range(20):
+        lrs.append(opt.param_groups[0]["lr"])
+        p.grad = torch.ones(1)
+        opt.step()
+        sched.step()
+    for k in range(1, 18):  # steps 1-17: the paper's rate, untouched
+        assert lrs[k - 1] == pytest.approx(2.0 * paper_formula(k, 64, 10), rel=1e-12)
+    for k, share in ((18, 3 / 4), (19, 2 / 4), (20, 1 / 4)):  # the last 4 steps: 4/4 ... 1/4
+        assert lrs[k - 1] == pytest.approx(share * 2.0 * paper_formula(k, 64, 10), rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"cooldown": 5}, TypeError, "total must be an int, got NoneType"),
+    ({"cooldown": 50, "total": 20}, ValueError, "cooldown=50 is longer than the run, total=20"),
+    ({"cooldown": -1, "total": 20}, ValueError, "cooldown must be positive"),
+])
+def test_cooldown_needs_a_total_it_fits_in(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        noam_scheduler(paper_adam([torch.nn.Parameter(torch.zeros(1))]), 64, 10, **kwargs)
+
+
 def test_scheduler_refuses_a_base_lr_that_would_rescale_the_schedule():
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     with pytest.raises(ValueError, match="base lr to be 1.0"):

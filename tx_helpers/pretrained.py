@@ -1,6 +1,7 @@
 """Trained models that ship with the repository, and the recipes that make them.
 
-Notebooks 09-11 use the dates model of notebook 08. Training it takes about a
+Notebooks 09-11 use the dates model of notebook 08, and notebook 13 the
+pronunciation model of :mod:`tx_helpers.g2p`. Training the dates model takes about a
 minute, and its weights depend on the machine (thread count and CPU kernels
 change the arithmetic from step ~7 on), so every learner would see different
 predictions. Instead the project ships the weights: ``make models`` trains each

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ._checks import check_positive_int
 from .config import ModelConfig
 from .model import Transformer
 
@@ -40,13 +41,23 @@ class NoamLambda:
     LambdaLR calls the lambda with 0 before the first step, 1 before the second, ...,
     hence the ``+ 1``. A callable object (not a lambda) so its settings are saved
     in the scheduler's state_dict.
+
+    ``cooldown=c`` with ``total=T`` (not in the paper) also scales the last c of T
+    steps linearly down, to 1/c of the Noam rate at step T: the paper's rate never
+    reaches zero, and ending a short run with a decay to nearly zero is common practice.
     """
 
-    def __init__(self, d_model: int, warmup: int, factor: float = 1.0):
+    def __init__(self, d_model: int, warmup: int, factor: float = 1.0, cooldown: int = 0,
+                 total: int | None = None):
         self.d_model, self.warmup, self.factor = d_model, warmup, factor
+        self.cooldown, self.total = cooldown, total
 
     def __call__(self, last_epoch: int) -> float:
-        return self.factor * noam_lr(last_epoch + 1, self.d_model, self.warmup)
+        step = last_epoch + 1
+        rate = self.factor * noam_lr(step, self.d_model, self.warmup)
+        if self.cooldown:
+            rate *= min(1.0, max(self.total - step + 1, 0) / self.cooldown)
+        return rate
 
 
 def paper_adam(params, lr: float = 1.0) -> torch.optim.Adam:
@@ -54,8 +65,12 @@ def paper_adam(params, lr: float = 1.0) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, betas=PAPER_BETAS, eps=PAPER_EPS)
 
 
-def noam_scheduler(optimizer, d_model: int, warmup: int = 4000, factor: float = 1.0):
+def noam_scheduler(optimizer, d_model: int, warmup: int = 4000, factor: float = 1.0, *,
+                   cooldown: int = 0, total: int | None = None):
     """A LambdaLR whose actual lr at optimizer step k is ``factor * noam_lr(k, d_model, warmup)``.
+
+    ``cooldown`` and ``total``: a linear decay over the last ``cooldown`` of ``total``
+    steps (see :class:`NoamLambda`); 0 (the default) is the paper's schedule.
 
     Raises ValueError unless every param group has base lr 1.0: LambdaLR
     multiplies that base lr, and anything else silently rescales the schedule
@@ -69,7 +84,14 @@ def noam_scheduler(optimizer, d_model: int, warmup: int = 4000, factor: float = 
                 f"it by the Noam rate), got lr={base} in param group {i}; build the optimizer "
                 f"with lr=1.0 (e.g. paper_adam(model.parameters())) and scale with factor="
             )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, NoamLambda(d_model, warmup, factor))
+    if cooldown:
+        check_positive_int("cooldown", cooldown)
+        check_positive_int("total", total)
+        if cooldown > total:
+            raise ValueError(f"cooldown={cooldown} is longer than the run, total={total}; "
+                             f"expected cooldown <= total")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, NoamLambda(d_model, warmup, factor, cooldown, total))
 
 
 def token_accuracy(logits: torch.Tensor, labels: torch.Tensor, pad_idx: int) -> float:
