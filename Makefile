@@ -70,7 +70,7 @@ notebooks: setup
 
 # The trained models that ship in tx_helpers/models/ (recipes in tx_helpers/pretrained.py):
 # retrains every one on one thread and rewrites MANIFEST.json: about 3 min of CPU time for the
-# dates models and 40 min for g2p. An interrupted run resumes from build/checkpoints/.
+# dates models and about an hour for g2p. An interrupted run resumes from build/checkpoints/.
 # One model: make models NAMES=g2p
 models: setup
 	$(BIN)/python tools/make_models.py $(NAMES)

@@ -208,7 +208,8 @@ def g2p_model_config(**overrides) -> ModelConfig:
 
 
 #: Everything that decides the shipped G2P weights (``make models`` trains it; see
-#: :mod:`tx_helpers.pretrained`). About 58 minutes on one CPU thread.
+#: :mod:`tx_helpers.pretrained`). About an hour on one CPU thread (3,583 s of training
+#: when the shipped file was made, on a machine that was also running other work).
 G2P_RECIPE = {
     "task": "g2p",
     "version": 1,
