@@ -2,7 +2,7 @@
 
 Two processes are spawned once per module (gloo on CPU, a file:// rendezvous in tmp,
 so no port can be taken by someone else). Each runs ``tools/train_ddp.py``'s own pieces
-(init_distributed, shard, GlobalTokenMeanLoss, save_checkpoint_atomic) around the
+(init_distributed, shard, GlobalTokenMeanLoss) and tx.save_checkpoint around the
 package's ``tx.train_step`` and saves its parameters after every step.
 
 Why the losses can be compared exactly: the rows below have different target lengths,
@@ -89,8 +89,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             after.append({k: v.detach().clone() for k, v in model.state_dict().items()})
         torch.save({"after": after, "counts": counts}, Path(out_dir) / f"rank{rank}.pt")
         if ctx.is_main:
-            train_ddp.save_checkpoint_atomic(Path(out_dir) / "ckpt.pt", model, optimizer,
-                                             scheduler, step=STEPS)
+            tx.save_checkpoint(Path(out_dir) / "ckpt.pt", model, optimizer, scheduler,
+                               step=STEPS)
     finally:
         dist.destroy_process_group()
 

@@ -27,8 +27,8 @@ batch, whatever the padding of each share. A plain per-rank mean would weight ev
 rank equally instead of every token (see tests/test_ddp.py).
 
 Backend: nccl with one process per GPU (``torch.cuda.set_device(local_rank)``) when CUDA
-is available, gloo on CPU. Rank 0 alone prints and writes the checkpoint (atomically:
-a temporary file, then ``os.replace``). The process group is destroyed in a ``finally``.
+is available, gloo on CPU. Rank 0 alone prints and writes the checkpoint (with
+``tx.save_checkpoint``, which writes atomically). The process group is destroyed in a ``finally``.
 
 After training: rank 0 measures free-running exact match on 1000 held-out dates (as
 notebook 08 does), reloads its checkpoint into a plain single-process model, and all
@@ -44,7 +44,6 @@ import platform
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,26 +161,6 @@ class GlobalTokenMeanLoss(nn.CrossEntropyLoss):
 
 
 # ---------------------------------------------------------------- checkpoints
-
-def save_checkpoint_atomic(path, model, optimizer=None, scheduler=None, *, step=None,
-                           extra=None) -> Path:
-    """``tx.save_checkpoint`` to a temporary file in the same folder, then ``os.replace``.
-
-    A reader (or a crash) never sees half a file. Call it on rank 0 only, with the
-    unwrapped model (``ddp_model.module``), so the keys carry no ``module.`` prefix.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        tx.save_checkpoint(tmp, model, optimizer, scheduler, step=step, extra=extra)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
-
 
 # ---------------------------------------------------------------- cost model
 
@@ -352,9 +331,9 @@ def run(args, ctx: DistContext) -> None:
 
     if ctx.is_main:
         if args.checkpoint:
-            path = save_checkpoint_atomic(args.checkpoint, model, optimizer, scheduler,
-                                          step=args.steps,
-                                          extra={"world_size": ctx.world_size})
+            path = Path(args.checkpoint)  # rank 0 only, the unwrapped model: no "module." keys
+            tx.save_checkpoint(path, model, optimizer, scheduler, step=args.steps,
+                               extra={"world_size": ctx.world_size})  # atomic
             single, _ = tx.load_checkpoint(path)  # a plain model on the CPU, no DDP
             same = all(torch.equal(a.cpu(), b) for a, b in
                        zip(model.state_dict().values(), single.state_dict().values(),

@@ -237,9 +237,7 @@ def save_pretrained(name: str, model, history=None, *, folder: Path | None = Non
             "recipe_hash": recipe_hash(recipe),
             "vocab": _vocab(recipe),
             "weights_sha256": weights_sha256(state),
-            "history": {} if history is None else {
-                "loss": history.loss, "accuracy": history.accuracy, "lr": history.lr,
-                "grad_norm": history.grad_norm, "seconds": history.seconds},
+            "history": {} if history is None else dataclasses.asdict(history),
             "made_with": {"torch": str(torch.__version__), "threads": torch.get_num_threads(),
                           "machine": platform.machine()},
         },
