@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -81,3 +82,47 @@ def test_readme_lists_every_notebook():
 def test_nbhygiene_clean():
     res = subprocess.run([sys.executable, str(HYGIENE)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+DEFECTS = ROOT / "docs" / "defects.md"
+DOCUMENTS = [*NOTEBOOKS, *sorted((ROOT / "notebooks" / "exercises").glob("*.ipynb")),
+             ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _prose(path) -> str:
+    if path.suffix == ".ipynb":
+        return "\n".join(_src(c) for c in _load(path)["cells"])
+    return path.read_text(encoding="utf-8")
+
+
+def _cited_defects(text: str) -> set[int]:
+    """Every number in 'defect 5', 'defects 1-4', 'defects 5, 7 and 8', 'Defect 10'."""
+    cited = set()
+    for m in re.finditer(r"\b[Dd]efects? (\d+(?:(?:-|–|, | and )\d+)*)", text):
+        for part in re.split(r", | and ", m.group(1)):
+            low, _, high = part.replace("–", "-").partition("-")
+            cited.update(range(int(low), int(high or low) + 1))
+    return cited
+
+
+def test_defect_table_is_numbered_one_to_n():
+    numbers = [int(n) for n in re.findall(r'<a id="defect-(\d+)"></a>', DEFECTS.read_text())]
+    assert numbers == list(range(1, len(numbers) + 1)) and numbers, numbers
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=[p.name for p in DOCUMENTS])
+def test_every_cited_defect_exists(path):
+    known = {int(n) for n in re.findall(r'id="defect-(\d+)"', DEFECTS.read_text())}
+    missing = _cited_defects(_prose(path)) - known
+    assert not missing, f"{path.name} cites defect(s) {sorted(missing)}, not in docs/defects.md"
+
+
+@pytest.mark.parametrize("path", DOCUMENTS, ids=[p.name for p in DOCUMENTS])
+def test_nothing_points_outside_the_repository(path):
+    found = re.search(r"\.\./shared|syllabus|/work/|/tmp/", _prose(path), re.I)
+    assert not found, f"{path.name} points outside the repository: {found.group(0)!r}"
+
+
+def test_the_citation_parser_reads_ranges_and_lists():
+    assert _cited_defects("defects 1-4, then defects 5, 7 and 8; Defect 10") == \
+        {1, 2, 3, 4, 5, 7, 8, 10}

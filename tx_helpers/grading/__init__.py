@@ -34,6 +34,7 @@ from .mistakes import MISTAKES
 from .model import check_transformer
 from .multi_head import check_multi_head_attention
 from .positional import check_positional_encoding
+from .predict import check_prediction
 from .quiz import check_shape_quiz
 from .report import CheckResult, clear_history, history
 from .training import check_train_step
@@ -43,5 +44,5 @@ __all__ = [
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
-    "check_namespace", "check_shape_quiz",
+    "check_namespace", "check_shape_quiz", "check_prediction",
 ]

@@ -1,0 +1,97 @@
+"""Check: a learner's prediction (a shape, a number, a choice) against the value a cell computes.
+
+The pattern, in three cells: a markdown cell asks the question; a code cell holds only the
+answer, one assignment ending with ``### PREDICTION`` (the exercise copies turn it into
+``name = ...``); the next code cell computes the true value and calls::
+
+    tx.grading.check_prediction("output shape", predicted_shape, tuple(out.shape),
+                                mistakes={(2, 8, 5, 16): "that is the split-heads layout"})
+
+It prints one ✓/✗ line, the named mistake when the answer is a known wrong one, and the true
+value, so the same cell grades and reveals. An unanswered ``...`` is reported, not raised: the
+reveal still shows.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+
+from .mistakes import MISTAKES
+from .report import CheckResult, _Report
+
+MISTAKES.update({
+    "prediction_missing": ("no prediction was written",
+                           "replace the ... in the prediction cell above with your answer, "
+                           "run that cell, then this one"),
+    "prediction_wrong": ("the prediction differs from the computed value",
+                         "work out where your reasoning and the computation part ways, then "
+                         "re-read the cells before the question"),
+    "prediction_known_mistake": ("the prediction is a common wrong answer",
+                                 "compare with the cells above that show where this goes wrong"),
+})
+
+
+def _normalise(value):
+    """Shapes and sequences as tuples of plain Python values; tensors of one element as numbers."""
+    if isinstance(value, torch.Size):
+        return tuple(value)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, list):
+        return tuple(_normalise(v) for v in value)
+    if isinstance(value, tuple):
+        return tuple(_normalise(v) for v in value)
+    if isinstance(value, str):
+        return value.strip().lower()
+    return value
+
+
+def _same(given, want, tol: float | None, rel: float | None) -> bool:
+    given, want = _normalise(given), _normalise(want)
+    numbers = all(isinstance(v, Real) and not isinstance(v, bool) for v in (given, want))
+    if numbers and (tol is not None or rel is not None):
+        bound = max(tol or 0.0, (rel or 0.0) * abs(want))
+        return math.isfinite(given) and abs(given - want) <= bound
+    if isinstance(want, bool) != isinstance(given, bool):
+        return False  # True is not the answer 1
+    return given == want
+
+
+def _shown(value) -> str:
+    return repr(_normalise(value)) if not isinstance(value, str) else repr(value)
+
+
+def check_prediction(name: str, predicted, actual, *, tol: float | None = None,
+                     rel: float | None = None, mistakes: dict | None = None,
+                     verbose: bool = True) -> CheckResult:
+    """Grade ``predicted`` against ``actual`` and reveal ``actual``.
+
+    ``name``: what was predicted, in words. ``tol``/``rel``: absolute/relative tolerance for
+    numbers (exact match when both are None). ``mistakes``: known wrong answers, each mapped to
+    what it means ("you counted the biases twice"); matched with the same tolerance.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"name must be a non-empty string saying what was predicted, got {name!r}")
+    for arg, value in (("tol", tol), ("rel", rel)):
+        if value is not None and (not isinstance(value, Real) or value < 0):
+            raise ValueError(f"{arg} must be a number >= 0 or None, got {value!r}")
+    report = _Report("check_prediction", verbose, name)
+    tolerance = ("" if tol is None and rel is None else
+                 f" (within {tol if tol is not None else f'{rel:.0%}'})")
+    if predicted is ... or predicted is None:
+        report.probe(False, f"{name}: no prediction yet; the answer is {_shown(actual)}")
+        report.mistake("prediction_missing")
+        return report.finish()
+    ok = _same(predicted, actual, tol, rel)
+    report.probe(ok, f"{name}: you predicted {_shown(predicted)}; it is {_shown(actual)}"
+                 + tolerance)
+    if not ok:
+        meaning = next((text for wrong, text in (mistakes or {}).items()
+                        if _same(predicted, wrong, tol, rel)), None)
+        if meaning:
+            report.mistake("prediction_known_mistake", meaning)
+        else:
+            report.mistake("prediction_wrong")
+    return report.finish()
