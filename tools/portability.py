@@ -5,11 +5,21 @@ CPU kernels. Each setting below runs every notebook from a fresh kernel, under s
 
 - torch at 1, 2 and 4 threads (set by an IPython startup file in a temporary IPYTHONDIR, the
   one way to get more threads than cores);
-- ATEN_CPU_CAPABILITY=default: PyTorch's generic kernels instead of the AVX2/AVX-512 ones,
-  a stand-in for another CPU.
+- ATEN_CPU_CAPABILITY=default: PyTorch's generic kernels instead of the AVX2/AVX-512 ones
+  (elementwise maths, softmax, LayerNorm), a stand-in for another CPU;
+- MKL_CBWR=COMPATIBLE: MKL's conditional numerical reproducibility mode, which runs another
+  code path in the BLAS (float64 and float32 matrix products): the float64 round-off that
+  failed notebook 02 on an AMD EPYC changes with it (8.5e-14 by default there, 8.9e-14 with it);
+- ONEDNN_MAX_CPU_ISA=SSE41: caps oneDNN's instruction set, which serves bfloat16 matrix
+  products under autocast (notebook 12) and convolutions.
+
+MKL_ENABLE_INSTRUCTIONS and the thread count changed none of those results here, so they are
+not separate settings. `--prove-knobs` shows, on your CPU, which computations each knob
+changes (a fingerprint per computation, against the default):
 
     python tools/portability.py                  # all settings
     python tools/portability.py threads=4        # one of them
+    python tools/portability.py --prove-knobs    # what each knob changes, in a few seconds
 """
 from __future__ import annotations
 
@@ -26,7 +36,57 @@ SETTINGS = {
     "threads=2": {"threads": 2, "env": {}},
     "threads=4": {"threads": 4, "env": {}},
     "cpu-kernels=default": {"threads": 2, "env": {"ATEN_CPU_CAPABILITY": "default"}},
+    "blas=compatible": {"threads": 2, "env": {"MKL_CBWR": "COMPATIBLE"}},
+    "onednn-isa=sse41": {"threads": 2, "env": {"ONEDNN_MAX_CPU_ISA": "SSE41"}},
 }
+
+# One small computation per library path; --prove-knobs prints which of them a knob changes.
+FINGERPRINTS = """
+import hashlib, json, math, torch
+torch.set_num_threads(1)
+torch.manual_seed(0)
+def h(t):
+    return hashlib.sha256(t.detach().float().contiguous().numpy().tobytes()).hexdigest()[:12]
+pos = torch.arange(512, dtype=torch.float64).unsqueeze(1)
+omega = torch.exp(torch.arange(0, 128, 2, dtype=torch.float64) * (-math.log(10000.0) / 128))
+pe = torch.cat([torch.sin(pos * omega), torch.cos(pos * omega)], 1)
+k = torch.arange(1, 256)
+a = torch.randn(257, 129, dtype=torch.float64)
+b = torch.randn(129, 131, dtype=torch.float64)
+x = a.float()
+out = {
+    "float64 round-off of notebook 02": repr((pe[256 + k] @ pe[256] - pe[256 - k] @ pe[256])
+                                             .abs().max().item()),
+    "float64 matmul (BLAS)": h(a @ b),
+    "float32 matmul (BLAS)": h(x @ b.float()),
+    "float32 nn.Linear": h(torch.nn.Linear(129, 64)(x)),
+    "float32 softmax + LayerNorm (ATen)": h(torch.softmax(x, -1)
+                                            + torch.nn.functional.layer_norm(x, (129,))),
+    "bfloat16 matmul (oneDNN)": h(x.bfloat16() @ x.bfloat16().T),
+}
+print(json.dumps(out))
+"""
+
+
+def prove_knobs() -> int:
+    """Run FINGERPRINTS under each setting's environment; print what differs from the default."""
+    import json
+
+    def fingerprints(env: dict) -> dict:
+        full = {**os.environ, **env}
+        res = subprocess.run([sys.executable, "-c", FINGERPRINTS], env=full, cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        return json.loads(res.stdout)
+
+    base = fingerprints({})
+    print(f"default: float64 round-off of notebook 02 = {base['float64 round-off of notebook 02']}")
+    for name, setting in SETTINGS.items():
+        if not setting["env"]:
+            continue
+        got = fingerprints(setting["env"])
+        changed = [key for key in base if got[key] != base[key]]
+        print(f"{name:20} changes: {', '.join(changed) or 'nothing on this CPU'}")
+    return 0
 
 
 def run(name: str, threads: int, env: dict) -> tuple[bool, float]:
@@ -50,6 +110,8 @@ def run(name: str, threads: int, env: dict) -> tuple[bool, float]:
 
 
 def main(names: list[str]) -> int:
+    if names == ["--prove-knobs"]:
+        return prove_knobs()
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         print(f"unknown setting(s) {unknown}; expected some of {list(SETTINGS)}")
