@@ -49,6 +49,22 @@ def test_every_requirement_is_pinned_exactly():
     assert not loose, f"not pinned with ==: {loose}"
 
 
+def test_every_extra_requirements_file_is_pinned_exactly():
+    """requirements-*.txt (browser tests, teachers) add tools outside the learner's install."""
+    extras = sorted(ROOT.glob("requirements-*.txt"))
+    assert extras, "no requirements-*.txt found"
+    base = _requirements()
+    for path in extras:
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line or line.startswith(("-r ", "-c ")):
+                continue
+            m = REQUIREMENT.match(line)
+            assert m and m.group(2) == "==", f"{path.name}: not pinned with ==: {line!r}"
+            assert m.group(1).lower() not in base or base[m.group(1).lower()][1] == m.group(3), \
+                f"{path.name} pins {line!r} against requirements.txt's {base[m.group(1).lower()]}"
+
+
 def test_torch_is_pinned_to_2_13_0():
     assert _requirements()["torch"] == ("==", "2.13.0")
     assert _environment_pip()["torch"] == "2.13.0"
