@@ -26,6 +26,7 @@ and ``discovery`` (pairing a notebook's names with checks).
 from .attention import check_attention
 from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
+from .distributed import check_amp_step, check_token_mean_loss
 from .feed_forward import check_feed_forward
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
@@ -45,4 +46,5 @@ __all__ = [
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
     "check_namespace", "check_shape_quiz", "check_prediction",
+    "check_token_mean_loss", "check_amp_step",
 ]

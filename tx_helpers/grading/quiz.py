@@ -1,4 +1,7 @@
-"""Check: notebook 11's "predict the shape" quiz, answers against shapes computed by tx."""
+"""Check: the "predict the shape" quiz, answers against shapes computed by tx.
+
+Notebook 11 now grades its shape questions one by one with :func:`check_prediction`
+(``### PREDICTION`` lines); this check stays for compatibility, for answers kept as a dict."""
 from __future__ import annotations
 
 import torch

@@ -1,0 +1,214 @@
+"""check_token_mean_loss and check_amp_step (notebook 12's lab): right code passes, each likely
+mistake is named, and the learner's bugs are reported, never raised."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tx_helpers as tx
+
+
+def quiet(check, fn):
+    return check(fn, verbose=False)
+
+
+# ------------------------------------------------------------------------ token-mean loss
+
+def token_mean_loss(logits, target, pad_idx, global_tokens, world_size):
+    total = F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx,
+                            reduction="sum")
+    return total * world_size / global_tokens
+
+
+def per_rank_mean(logits, target, pad_idx, global_tokens, world_size):
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx)
+
+
+def no_world_size(logits, target, pad_idx, global_tokens, world_size):
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx,
+                           reduction="sum") / global_tokens
+
+
+def pads_counted(logits, target, pad_idx, global_tokens, world_size):
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="sum") \
+        * world_size / global_tokens
+
+
+def plain_sum(logits, target, pad_idx, global_tokens, world_size):
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx,
+                           reduction="sum")
+
+
+def detached(logits, target, pad_idx, global_tokens, world_size):
+    return token_mean_loss(logits, target, pad_idx, global_tokens, world_size).detach()
+
+
+def tripled(logits, target, pad_idx, global_tokens, world_size):
+    return token_mean_loss(logits, target, pad_idx, global_tokens, world_size) * 3
+
+
+def test_the_right_loss_passes():
+    result = quiet(tx.grading.check_token_mean_loss, token_mean_loss)
+    assert result.passed and not result.mistakes, result.report
+    assert "2 ranks holding" in result.report and "3 ranks holding" in result.report
+
+
+@pytest.mark.parametrize("fn, key", [
+    (per_rank_mean, "dist_per_rank_mean"), (no_world_size, "dist_missing_world_size"),
+    (pads_counted, "dist_pads_counted"), (plain_sum, "dist_plain_sum"),
+    (detached, "loss_detached"), (tripled, "dist_wrong_value")])
+def test_each_loss_mistake_is_named(fn, key):
+    result = quiet(tx.grading.check_token_mean_loss, fn)
+    assert not result.passed and result.mistakes == [key], result.report
+
+
+def test_the_ranks_really_hold_different_token_counts():
+    # the per-rank mean is only wrong when the counts differ: the probe line shows them
+    result = quiet(tx.grading.check_token_mean_loss, per_rank_mean)
+    line = next(m for m in result.messages if "2 ranks holding" in m)
+    counts = eval(line.split("holding ")[1].split(" tokens")[0])  # noqa: S307 - our own text
+    assert len(set(counts)) == len(counts) == 2
+
+
+def test_a_stub_and_a_crash_are_reported_not_raised():
+    def stub(logits, target, pad_idx, global_tokens, world_size):
+        raise NotImplementedError("return one rank's loss")
+
+    result = quiet(tx.grading.check_token_mean_loss, stub)
+    assert result.mistakes == ["not_implemented"] and "return one rank's loss" in result.report
+
+    def wrong_axis(logits, target, pad_idx, global_tokens, world_size):
+        return F.cross_entropy(logits, target, ignore_index=pad_idx)  # (N, L, V): V is not dim 1
+
+    result = quiet(tx.grading.check_token_mean_loss, wrong_axis)
+    assert not result.passed and result.mistakes
+
+
+# ------------------------------------------------------------------------ AMP step
+
+def amp_step(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
+
+
+def clip_before_unscale(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
+
+
+def update_before_step(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.update()
+    scaler.step(optimizer)
+    return norm
+
+
+def bypass(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    scaler.update()
+    return norm
+
+
+def no_scaling(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    loss.backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
+
+
+def no_update(loss, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    return norm
+
+
+def no_zero_grad(loss, model, optimizer, scaler, clip_norm):
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return norm
+
+
+def norm_after_clip(loss, model, optimizer, scaler, clip_norm):
+    amp_step(loss, model, optimizer, scaler, clip_norm)
+    return clip_norm
+
+
+def test_the_right_step_passes():
+    result = quiet(tx.grading.check_amp_step, amp_step)
+    assert result.passed and not result.mistakes, result.report
+
+
+def test_the_right_step_matches_tx_train_step():
+    # the check's reference order is the one tx.train_step uses for amp="fp16"
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    twin = nn.Linear(4, 3)
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    s1, s2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2))
+    norm = amp_step(F.cross_entropy(model(x), y) * 5, model, opt, s1, 0.5)
+    opt2.zero_grad()
+    s2.scale(F.cross_entropy(twin(x), y) * 5).backward()
+    s2.unscale_(opt2)
+    norm2 = nn.utils.clip_grad_norm_(twin.parameters(), 0.5)
+    s2.step(opt2)
+    s2.update()
+    assert torch.equal(model.weight, twin.weight) and float(norm) == float(norm2)
+
+
+@pytest.mark.parametrize("fn, key", [
+    (clip_before_unscale, "amp_clip_before_unscale"),
+    (update_before_step, "amp_update_before_step"),
+    (bypass, "amp_optimizer_step_bypasses_scaler"), (no_scaling, "amp_no_loss_scaling"),
+    (no_update, "amp_no_update"), (no_zero_grad, "no_zero_grad"),
+    (norm_after_clip, "amp_grad_norm")])
+def test_each_step_mistake_is_named(fn, key):
+    result = quiet(tx.grading.check_amp_step, fn)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_an_overflow_that_is_not_skipped_is_named():
+    result = quiet(tx.grading.check_amp_step, bypass)
+    assert "amp_overflow_not_skipped" in result.mistakes, result.report
+
+
+def test_a_stub_is_reported_not_raised():
+    def stub(loss, model, optimizer, scaler, clip_norm):
+        raise NotImplementedError("finish the step; return the norm before clipping")
+
+    result = quiet(tx.grading.check_amp_step, stub)
+    assert result.mistakes == ["not_implemented"]
+    assert "return the norm before clipping" in result.report
+
+
+def test_every_new_mistake_has_text_and_a_hint():
+    for key, (text, hint) in tx.grading.MISTAKES.items():
+        if key.startswith(("dist_", "amp_")):
+            assert text and hint
