@@ -87,3 +87,47 @@ def test_plot_heads_without_colorbar_keeps_its_size():
     fig = plotting.plot_heads(np.full((4, 2, 3), 1 / 3), ncols=4, size=3.0)
     assert len(fig.axes) == 4 and tuple(fig.get_size_inches()) == (12.0, 3.0)
     plt.close(fig)
+
+
+def _diagram_texts(ax):
+    return " | ".join(t.get_text() for t in ax.texts)
+
+
+def test_plot_transformer_diagram_names_modules_and_notebooks():
+    fig, ax = plt.subplots()
+    assert plotting.plot_transformer_diagram(ax=ax) is ax
+    text = _diagram_texts(ax)
+    for module, notebook in [("encoder.embedding", "[06]"), ("encoder.pos_encoding", "[02]"),
+                             ("self_attn: MultiHeadAttention", "[03]"), ("cross_attn", "[03]"),
+                             ("feed_forward: FeedForward", "[04]"), ("generator", "[07]")]:
+        assert module in text and notebook in text
+    assert "(N, L_src, d_model)" in text and "(N, L_tgt, tgt_vocab)" in text  # symbolic by default
+    plt.close(fig)
+
+
+def test_plot_transformer_diagram_reads_shapes_from_a_trace():
+    import torch
+
+    import tx_helpers as tx
+    model = tx.Transformer(tx.ModelConfig(tgt_vocab_size=100)).eval()
+    src, tgt = torch.randint(2, 128, (3, 9)), torch.randint(2, 100, (3, 6))
+    shapes = plotting.transformer_diagram_shapes(tx.trace_shapes(model, src, tgt, max_depth=3))
+    assert shapes == {"src": "(3, 9)", "tgt": "(3, 6)", "src_x": "(3, 9, 128)",
+                      "tgt_x": "(3, 6, 128)", "memory": "(3, 9, 128)", "dec_out": "(3, 6, 128)",
+                      "src_mask": "(3, 1, 9)",
+                      "tgt_mask": "(3, 6, 6)", "logits": "(3, 6, 100)"}
+    ax = plotting.plot_transformer_diagram(tx.trace_shapes(model, src, tgt))
+    text = _diagram_texts(ax)
+    assert "memory (3, 9, 128)" in text and "logits (3, 6, 100)" in text and "(3, 6, 6)" in text
+    plt.close(ax.figure)
+
+
+def test_plot_transformer_diagram_rejects_what_is_not_a_model_trace():
+    import torch
+
+    import tx_helpers as tx
+    with pytest.raises(TypeError, match="trace must be a ShapeTrace"):
+        plotting.plot_transformer_diagram({"src": "(1, 2)"})
+    layer_trace = tx.trace_shapes(tx.FeedForward(8, 16, 0.0), torch.zeros(1, 2, 8))
+    with pytest.raises(ValueError, match="whole Transformer"):
+        plotting.plot_transformer_diagram(layer_trace)

@@ -172,3 +172,165 @@ def plot_sublayer_diagram(norm_first=False, ax=None, *, sublayer="sublayer (atte
     ax.axis("off")
     ax.set_title("Pre-LN (norm_first=True)" if norm_first else "Post-LN (norm_first=False)")
     return ax
+
+
+def _trace_shapes_by_name(trace) -> dict:
+    """name -> (list of input-shape strings, output-shape string) from a ShapeTrace's rows."""
+    found = {}
+    for name, _kind, inputs, output in trace.rows:
+        parts = inputs.split("), (") if inputs else []
+        parts = [("" if p.startswith("(") else "(") + p + ("" if p.endswith(")") else ")")
+                 for p in parts]
+        found.setdefault(name, (parts, output))
+    return found
+
+
+_SYMBOLIC_SHAPES = {
+    "src": "(N, L_src)", "tgt": "(N, L_tgt)", "src_x": "(N, L_src, d_model)",
+    "tgt_x": "(N, L_tgt, d_model)", "memory": "(N, L_src, d_model)",
+    "dec_out": "(N, L_tgt, d_model)",
+    "src_mask": "(N, 1, L_src)", "tgt_mask": "(N, L_tgt, L_tgt)",
+    "logits": "(N, L_tgt, tgt_vocab)",
+}
+
+
+def transformer_diagram_shapes(trace=None) -> dict:
+    """The tensor shapes :func:`plot_transformer_diagram` writes beside its arrows.
+
+    Without a trace: symbolic shapes such as ``(N, L_src, d_model)``. With a
+    :class:`tx_helpers.introspection.ShapeTrace` of a whole ``Transformer`` (from
+    ``tx.trace_shapes(model, src, tgt)``): the shapes that run actually had.
+    """
+    if trace is None:
+        return dict(_SYMBOLIC_SHAPES)
+    if not hasattr(trace, "rows"):
+        raise TypeError("trace must be a ShapeTrace from tx.trace_shapes(model, src, tgt) or "
+                        f"None, got {type(trace).__name__}")
+    rows = _trace_shapes_by_name(trace)
+    needed = ("encoder", "decoder", "encoder.embedding", "decoder.embedding", "generator")
+    missing = [n for n in needed if n not in rows]
+    if missing:
+        raise ValueError("trace must come from a whole Transformer (tx.trace_shapes(model, src, "
+                         f"tgt)); it has no rows for {missing}")
+    enc_in, memory = rows["encoder"]
+    dec_in, _ = rows["decoder"]
+    return {
+        "src": rows["encoder.embedding"][0][0], "tgt": rows["decoder.embedding"][0][0],
+        "src_x": rows["encoder.embedding"][1], "tgt_x": rows["decoder.embedding"][1],
+        "memory": memory, "dec_out": rows["decoder"][1],
+        "src_mask": enc_in[1] if len(enc_in) > 1 else "none",
+        "tgt_mask": dec_in[2] if len(dec_in) > 2 else "none", "logits": rows["generator"][1],
+    }
+
+
+def plot_transformer_diagram(trace=None, ax=None):
+    """The encoder-decoder Transformer as boxes and arrows, in the layout of the paper's Figure 1.
+
+    Every box names the ``tx`` module that computes it (``encoder.layers[i].self_attn`` ...)
+    and, in brackets, the notebook of this series that builds it. Arrows carry tensor shapes:
+    symbolic ones by default, or the real ones of a run when ``trace`` is a ShapeTrace of a
+    whole ``tx.Transformer`` (``tx.trace_shapes(model, src, tgt)``). Returns the Axes.
+    """
+    shapes = transformer_diagram_shapes(trace)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10.5, 8.8))
+    colour = {"emb": "#fcbba1", "pe": "#fee6ce", "attn": "#9ecae1", "norm": "#f6d38c",
+              "ffn": "#a1d99b", "gen": "#dadaeb", "out": "#efefef"}
+    width, height = 4.5, 0.66
+
+    def box(x, y, text, kind):
+        ax.add_patch(plt.Rectangle((x - width / 2, y - height / 2), width, height, fc=colour[kind],
+                                   ec="black", lw=0.8, zorder=2))
+        ax.text(x, y, text, ha="center", va="center", fontsize=MIN_FONT + 0.5, zorder=3,
+                bbox={"boxstyle": "square,pad=0", "fc": "none", "ec": "none"})
+
+    def arrow(x0, y0, x1, y1, **kw):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops={"arrowstyle": "->", "lw": 1.0, **kw}, zorder=1)
+
+    def shape_label(x, y, text, side=1):
+        ax.text(x + side * 0.12, y, text, ha="left" if side > 0 else "right", va="center",
+                fontsize=MIN_FONT, color="#7f2704", style="italic")
+
+    def column(x, side, rows, first_y, frame, frame_label):
+        """Draw a stack of (text, kind) boxes upwards from first_y; return their centres."""
+        ys = []
+        y = first_y
+        for text, kind in rows:
+            box(x, y, text, kind)
+            ys.append(y)
+            y += 1.0
+        for y0, y1 in zip(ys, ys[1:], strict=False):
+            arrow(x, y0 + height / 2, x, y1 - height / 2)
+        lo, hi = ys[frame[0]] - 0.55, ys[frame[1]] + 0.5
+        ax.add_patch(plt.Rectangle((x - width / 2 - 0.5, lo), width + 1.0, hi - lo, fc="none",
+                                   ec="0.35", lw=1.0, ls="--", zorder=0))
+        ax.text(x - side * (width / 2 + 0.75), (lo + hi) / 2, frame_label, rotation=90,
+                ha="center", va="center", fontsize=MIN_FONT + 0.5, color="0.25")
+        # residual connections: from below each sub-layer to its Add & Norm, on the outer side
+        rx = x - side * (width / 2 + 0.2)
+        for i in range(frame[0], frame[1], 2):
+            y_from, y_to = ys[i] - 0.5, ys[i + 1]
+            ax.plot([x, rx, rx], [y_from, y_from, y_to], color="tab:red", lw=1.0, zorder=1)
+            arrow(rx, y_to, x - side * width / 2, y_to, color="tab:red")
+        return ys
+
+    xe, xd = 2.6, 8.5
+    enc = column(xe, 1, [
+        ("encoder.embedding × √d_model  [06]", "emb"),
+        ("+ encoder.pos_encoding  [02]", "pe"),
+        ("self_attn: MultiHeadAttention  [03]\nmask " + shapes["src_mask"] + "  [05]", "attn"),
+        ("Add & norm1  [04]", "norm"),
+        ("feed_forward: FeedForward  [04]", "ffn"),
+        ("Add & norm2  [04]", "norm"),
+        ("encoder.norm (final LayerNorm)  [06]", "norm"),
+    ], 1.4, (2, 5), "encoder.layers: n_layers × EncoderLayer  [06]")
+    dec = column(xd, -1, [
+        ("decoder.embedding × √d_model  [06]", "emb"),
+        ("+ decoder.pos_encoding  [02]", "pe"),
+        ("self_attn: MultiHeadAttention  [03]\n"
+         "look-ahead + padding mask " + shapes["tgt_mask"] + "  [05]", "attn"),
+        ("Add & norm1  [04]", "norm"),
+        ("cross_attn: keys and values = memory  [03]\nmask " + shapes["src_mask"] + "  [05]",
+         "attn"),
+        ("Add & norm2  [04]", "norm"),
+        ("feed_forward: FeedForward  [04]", "ffn"),
+        ("Add & norm3  [04]", "norm"),
+        ("decoder.norm (final LayerNorm)  [06]", "norm"),
+        ("generator: Linear(d_model, tgt_vocab)  [07]", "gen"),
+        ("softmax: next-token probabilities  [08, 09]", "out"),
+    ], 1.4, (2, 7), "decoder.layers: n_layers × DecoderLayer  [06]")
+
+    # inputs at the bottom, with their shapes
+    for x, ys, label, key in ((xe, enc, "source token ids", "src"),
+                              (xd, dec, "target token ids, shifted right  [08]", "tgt")):
+        ax.text(x, 0.35, label, ha="center", va="center", fontsize=MIN_FONT + 0.5)
+        arrow(x, 0.55, x, ys[0] - height / 2)
+        shape_label(x, 0.82, shapes[key])
+    shape_label(xe, enc[0] + 0.5, shapes["src_x"])
+    shape_label(xd, dec[0] + 0.5, shapes["tgt_x"], side=-1)
+    shape_label(xd, dec[-3] + 0.5, shapes["dec_out"], side=-1)
+
+    # memory: from the top of the encoder to every decoder layer's cross_attn
+    top = enc[-1] + height / 2
+    ax.plot([xe, xe, 5.55, 5.55], [top, top + 0.45, top + 0.45, dec[4]], color="tab:blue", lw=1.4,
+            zorder=1)
+    arrow(5.55, dec[4], xd - width / 2, dec[4], color="tab:blue", lw=1.4)
+    ax.text(xe, top + 0.75, "memory " + shapes["memory"] + ": one vector per source token,\n"
+            "read by the cross_attn of every decoder layer", ha="center", va="center",
+            fontsize=MIN_FONT + 0.5, color="tab:blue")
+    # output at the top
+    ax.text(xd, dec[-1] + 0.85, "a distribution over the target vocabulary, per target position",
+            ha="center", va="center", fontsize=MIN_FONT + 0.5)
+    arrow(xd, dec[-1] + height / 2, xd, dec[-1] + 0.7)
+    shape_label(xd, dec[-2] + 0.5, "logits " + shapes["logits"], side=-1)
+
+    ax.text(-0.8, 13.7, "[NN] = the notebook of this series that builds the part\n"
+            "Add & norm = LayerNorm(x + dropout(sublayer(x))), in red: the residual x\n"
+            "pos_encoding: a fixed sinusoidal table;  italic: tensor shapes", ha="left", va="top",
+            fontsize=MIN_FONT + 0.5)
+    ax.set_xlim(-0.9, 11.8)
+    ax.set_ylim(0, 13.8)
+    ax.axis("off")
+    ax.set_title("The encoder-decoder Transformer (after Figure 1 of Vaswani et al., 2017)")
+    return ax
