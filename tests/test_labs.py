@@ -2,7 +2,10 @@
 exercise copies without answers, graded predictions in every notebook, a teaching table that
 cannot drift, a handout without solutions, a learner's work that no command overwrites, and
 the small frictions of JupyterLab."""
+import ast
+import re
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -11,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import make_exercises as mx  # noqa: E402
+import make_keys  # noqa: E402
+
+from tx_helpers import grading  # noqa: E402
 
 SOLVED = mx.solved_notebooks(ROOT)
 NUMBERS = [f"{n:02d}" for n in range(14)]
@@ -92,3 +98,196 @@ def test_stub_message_does_not_name_the_solution_operations(path, index, region)
         f"{path.name}, {mx.region_owner(source, region)}: the stub message names the "
         f"solution's operations {leaks}. State the contract (inputs, outputs, shapes) and put "
         f"the operations in the folded hints below the exercise.\nmessage: {region.hint!r}")
+
+
+# ----------------------------------------------------------------------------------------
+# Item 3: exercise copies keep the questions and drop every answer; a key keeps them
+
+
+@pytest.fixture(scope="module")
+def copies() -> dict:
+    """Exercise path -> text, generated now from the solved notebooks (what make exercises
+    writes; tests/test_exercises.py checks that the committed copies are these)."""
+    return mx.expected_exercises(ROOT)
+
+
+def _statements(tree) -> list[str]:
+    """Every statement in a tree, nested ones included, as normalised code."""
+    return [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+
+
+def _region_statements(source: str, region) -> list[str]:
+    tree, _ = mx._region_tree(source, region)
+    return [ast.unparse(n) for n in tree.body] if tree else []
+
+
+def solution_leaks(solved, exercise) -> list[str]:
+    """Solution regions of ``solved`` whose code sits in a code cell of ``exercise``: most of its
+    statements verbatim in one cell (a stub left filled, or a demonstration that repeats it)."""
+    cells = []
+    for cell in exercise.cells:
+        if cell.cell_type == "code" and (tree := mx.parse_cell(cell.source)) is not None:
+            cells.append(set(_statements(tree)))
+    leaks = []
+    for cell in solved.cells:
+        if cell.cell_type != "code":
+            continue
+        for region in mx.find_regions(cell.source):
+            wanted = [s for s in _region_statements(cell.source, region) if len(s) >= 12]
+            if not wanted or (len(wanted) == 1 and len(wanted[0]) < 30):
+                continue  # `return x`: too short to tell a leak from a coincidence
+            for seen in cells:
+                hits = sum(s in seen for s in wanted)
+                if hits == len(wanted) or (hits >= 2 and hits >= 0.75 * len(wanted)):
+                    leaks.append(f"{mx.region_owner(cell.source, region)} "
+                                 f"({hits}/{len(wanted)} statements)")
+                    break
+    return leaks
+
+
+def answers_in(exercise) -> list[str]:
+    """Everything in an exercise copy that gives an answer away."""
+    found = []
+    for i, cell in enumerate(exercise.cells):
+        if mx.is_teacher_only(cell):
+            found.append(f"cell {i}: tagged {mx.ANSWER_TAG!r}")
+        if cell.cell_type == "markdown":
+            for a, b, kind in mx.answer_blocks(cell.source):
+                found.append(f"cell {i}: answer ({kind}) {cell.source[a:b][:60]!r}")
+        if cell.cell_type == "code":
+            if cell.get("outputs"):
+                found.append(f"cell {i}: stored output")
+            for line in cell.source.split("\n"):
+                if mx.PREDICTION_MARK in line:
+                    found.append(f"cell {i}: filled prediction {line.strip()!r}")
+                elif "# your prediction" in line and not re.match(
+                        r"^\s*[A-Za-z_]\w*\s*=\s*\.\.\.\s+# your prediction\s*$", line):
+                    found.append(f"cell {i}: prediction not blank {line.strip()!r}")
+    return found
+
+
+def test_the_answer_detector_sees_each_kind_of_answer():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("Q?\n<details><summary><b>Answer</b></summary>42</details>"),
+        nbformat.v4.new_markdown_cell("Box <!-- answer -->the bug was here<!-- /answer -->"),
+        nbformat.v4.new_code_cell("x = 3  ### PREDICTION"),
+        nbformat.v4.new_code_cell("y = 4  # your prediction"),
+        nbformat.v4.new_code_cell("print(1)", metadata={"tags": ["answer"]}),
+    ])
+    assert len(answers_in(nb)) == 5
+    nb.cells[0].source = "Q?\n<details><summary>Hint 1: the idea</summary>look up</details>"
+    assert len(answers_in(nb)) == 4  # a hint is not an answer
+
+
+def test_copies_drop_answers_and_keep_questions_and_hints():
+    md = ("**Q1.** Why?\n\n<details><summary>Hint 1: the idea</summary>think</details>\n\n"
+          "<details><summary>Answer</summary>\n\nBecause.\n\n"
+          "<details><summary>Hint inside</summary>x</details>\n</details>\n\n"
+          "Then <!-- answer -->secret<!-- /answer --> stays hidden.")
+    solved = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 07 T"),
+        nbformat.v4.new_markdown_cell(md),
+        nbformat.v4.new_markdown_cell("<details><summary>Answers</summary>all</details>"),
+        nbformat.v4.new_markdown_cell("**Predict.** How many?"),
+        nbformat.v4.new_code_cell("n_params = 66_048  ### PREDICTION"),
+        nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('count', n_params, 66048)"),
+        nbformat.v4.new_code_cell("print(66048)", metadata={"tags": ["answer"]}),
+        nbformat.v4.new_markdown_cell("**Write.** Where is the bug?\n\n"
+                                      "<details><summary>Answer</summary>line 3</details>"),
+    ])
+    for i, cell in enumerate(solved.cells):
+        cell.id = f"c{i}"
+    ex = mx.make_exercise(solved, "07_t.ipynb")
+    text = "\n".join(c.source for c in ex.cells)
+    assert "**Q1.** Why?" in text and "Hint 1: the idea" in text and "Then  stays hidden." in text
+    for gone in ("Because.", "Hint inside", "secret", "all", "66_048", "print(66048)", "line 3"):
+        assert gone not in text, gone
+    assert "n_params = ...  # your prediction" in text
+    assert answers_in(ex) == []
+    assert ex.cells[-1].source == mx.YOUR_ANSWER and "**Write.**" in ex.cells[-2].source
+    meta = ex.metadata[mx.LAB_KEY]
+    assert [p["name"] for p in meta["predictions"]] == ["n_params"] and len(meta["written"]) == 1
+    assert "1 prediction:" in ex.cells[0].source and "1 written question" in ex.cells[0].source
+
+
+def test_unbalanced_answer_markers_are_an_error():
+    for bad in ("<!-- answer --> open", "close <!-- /answer -->", "<details><summary>Answer"):
+        with pytest.raises(mx.RegionError):
+            mx.strip_answers(bad)
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_exercise_copy_holds_no_answer(path, copies):
+    """No Answer block, no teacher-only cell, no filled prediction, no solution code."""
+    exercise = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name],
+                              as_version=4)
+    found = answers_in(exercise)
+    found += [f"solution code of {leak}" for leak in solution_leaks(_read(path), exercise)]
+    assert not found, f"{path.name}: the exercise copy gives answers away:\n" + "\n".join(found)
+
+
+def test_solution_leak_detector_finds_a_repeated_demonstration():
+    solved_cell = ("class MyEncoder:\n    def forward(self, src, mask=None):\n"
+                   "        ### BEGIN SOLUTION\n"
+                   "        x = self.embedding(src) * math.sqrt(self.d_model)\n"
+                   "        x = self.pos_encoding(x)\n"
+                   "        for layer in self.layers:\n            x = layer(x, mask)\n"
+                   "        return self.norm(x)\n        ### END SOLUTION")
+    demo = "\n".join(line for line in solved_cell.replace("MyEncoder", "ArticleEncoder")
+                     .split("\n") if "###" not in line)
+    solved = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(demo),
+                                             nbformat.v4.new_code_cell(solved_cell)])
+    ex = mx.make_exercise(solved, "06_x.ipynb")
+    assert solution_leaks(solved, ex) == ["MyEncoder.forward (4/4 statements)"]
+    solved.cells = solved.cells[1:]
+    assert solution_leaks(solved, mx.make_exercise(solved, "06_x.ipynb")) == []
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_teacher_key_holds_what_the_copy_drops(path):
+    """Solutions, every answer, each prediction's expected value and named wrong answers, and
+    the mistakes (with the learner's hint) of every check the lab calls."""
+    key = make_keys.key_markdown(path, ROOT)
+    nb = _read(path)
+    info = mx.lab_info(nb)
+    missing = []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            for region in mx.find_regions(cell.source):
+                code = textwrap.dedent(mx.solution_code(cell.source, region)).strip()
+                if code not in key:
+                    missing.append(f"solution of {mx.region_owner(cell.source, region)}")
+        elif cell.cell_type == "markdown":
+            for a, b, kind in mx.answer_blocks(cell.source):
+                body = make_keys._answer_body(cell.source[a:b], kind)
+                if body not in key:
+                    missing.append(f"answer {body[:50]!r}")
+    for p in info["predictions"]:
+        if f"`{p['name']} = {p['value']}`" not in key:
+            missing.append(f"prediction {p['name']}")
+        missing += [f"wrong answer {w}" for w, _ in p["mistakes"] if f"`{w}`" not in key]
+    for check in {c["check"] for c in info["checks"]}:
+        for mistake in make_keys.mistakes_of(check):
+            text, hint = grading.MISTAKES[mistake]
+            if f"`{mistake}`: {text}" not in key or hint not in key:
+                missing.append(f"{check}: {mistake}")
+    assert not missing, f"{path.name}: the teacher key lacks {missing}"
+    assert "do not hand this out" in key
+
+
+def test_each_check_lists_its_own_mistakes():
+    assert "no_scaling" in make_keys.mistakes_of("check_attention")
+    assert {"heads_view_without_transpose", "no_scaling"} <= set(
+        make_keys.mistakes_of("check_multi_head_attention"))  # it reuses attention's variants
+    assert "ls_kl_divergence" in make_keys.mistakes_of("check_label_smoothing")
+    assert "not_implemented" in make_keys.shared_mistakes()
+    assert "not_implemented" not in make_keys.mistakes_of("check_masks")
+    assert make_keys.mistakes_of("check_that_does_not_exist") == []
+
+
+def test_keys_are_written_outside_the_handout(tmp_path):
+    assert make_keys.main(["--out", str(tmp_path / "keys")]) == 0
+    names = sorted(p.name for p in (tmp_path / "keys").glob("*.md"))
+    assert names == sorted([f"{p.stem}.md" for p in SOLVED] + ["README.md"])
+    assert make_keys.KEYS_DIR.as_posix() + "/" in (ROOT / ".gitignore").read_text() \
+        or "teacher/" in (ROOT / ".gitignore").read_text()
