@@ -291,3 +291,94 @@ def test_keys_are_written_outside_the_handout(tmp_path):
     assert names == sorted([f"{p.stem}.md" for p in SOLVED] + ["README.md"])
     assert make_keys.KEYS_DIR.as_posix() + "/" in (ROOT / ".gitignore").read_text() \
         or "teacher/" in (ROOT / ".gitignore").read_text()
+
+
+# ----------------------------------------------------------------------------------------
+# Item 4: at least three graded predictions per notebook; every notebook has a copy
+
+MIN_PREDICTIONS = 3
+
+
+def _printed(cell) -> str:
+    return make_keys._text_outputs(cell)
+
+
+def _revealed(check_cell, label: str) -> str | None:
+    """The value a check_prediction cell revealed for ``label`` ("...; it is X")."""
+    for line in _printed(check_cell).split("\n"):
+        if f"{label}:" in line:
+            m = re.search(r"it is (.+?)(?: \(within [^)]*\))?\s*$", line)
+            if m:
+                return m.group(1)
+    return None
+
+
+def prediction_problems(nb) -> list[str]:
+    info = mx.lab_info(nb)
+    problems = [f"`{name}` ({mx.PREDICTION_MARK}) is never passed to "
+                "tx.grading.check_prediction" for name in info["ungraded_predictions"]]
+    for p in info["predictions"]:
+        at = p["cell"]
+        cell = nb.cells[at]
+        if at == 0 or nb.cells[at - 1].cell_type != "markdown":
+            problems.append(f"`{p['name']}` (cell {at}): the cell before a prediction must be "
+                            "its question, a markdown cell")
+        if not mx.is_prediction_cell(cell.source):
+            problems.append(f"`{p['name']}` (cell {at}): a prediction cell holds only "
+                            f"`name = value  {mx.PREDICTION_MARK}` lines and comments")
+        if cell.get("outputs"):
+            problems.append(f"`{p['name']}` (cell {at}): the prediction cell prints something")
+        value = _revealed(nb.cells[p["check_cell"]], p["label"] or p["name"])
+        before = next((j for j in range(at - 2, -1, -1) if nb.cells[j].cell_type == "code"),
+                      None)
+        if value and len(value) >= 2 and before is not None and value in _printed(
+                nb.cells[before]):
+            problems.append(f"`{p['name']}` (cell {at}): the answer {value} is already printed "
+                            f"by cell {before}, just before the question")
+    return problems
+
+
+def test_prediction_rules_on_a_synthetic_notebook():
+    cells = [nbformat.v4.new_code_cell("x = 1", outputs=[nbformat.v4.new_output(
+                 "stream", text="shape (2, 5, 16)\n")]),
+             nbformat.v4.new_markdown_cell("**Predict.** The shape?"),
+             nbformat.v4.new_code_cell("shape = (2, 5, 16)  ### PREDICTION"),
+             nbformat.v4.new_code_cell(
+                 "_ = tx.grading.check_prediction('output shape', shape, (2, 5, 16))",
+                 outputs=[nbformat.v4.new_output("stream", text=(
+                     "check_prediction: passed (1/1 probes)\n  ✓ output shape: you predicted "
+                     "(2, 5, 16); it is (2, 5, 16)\n"))]),
+             nbformat.v4.new_code_cell("n = 3  ### PREDICTION")]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    problems = prediction_problems(nb)
+    assert len(problems) == 2, problems
+    assert "`n` (### PREDICTION) is never passed" in problems[0]
+    assert "already printed by cell 0" in problems[1]
+    cells[0].outputs = []
+    cells[1], cells[0] = cells[0], cells[1]  # the question no longer right before the answer
+    assert "must be its question" in prediction_problems(nb)[1]
+
+
+@pytest.mark.parametrize("number", NUMBERS)
+def test_every_notebook_has_three_graded_predictions(number):
+    """Fails until the notebook branches add the predictions (issue 22, item 4)."""
+    paths = [p for p in SOLVED if p.name.startswith(number + "_")]
+    assert len(paths) == 1, f"no solved notebook {number}_*.ipynb"
+    nb = _read(paths[0])
+    info = mx.lab_info(nb)
+    problems = prediction_problems(nb)
+    assert len(info["predictions"]) >= MIN_PREDICTIONS and not problems, (
+        f"{paths[0].name}: {len(info['predictions'])} graded prediction(s), at least "
+        f"{MIN_PREDICTIONS} wanted (a '**Predict.**' markdown cell, then a cell with "
+        f"`name = value  {mx.PREDICTION_MARK}`, then a tx.grading.check_prediction call that "
+        "takes `name`)" + "".join(f"\n- {p}" for p in problems))
+
+
+def test_every_notebook_has_an_exercise_copy(copies):
+    names = sorted(p.name[:2] for p in copies)
+    assert names == NUMBERS, names
+    for path, text in copies.items():
+        nb = nbformat.reads(text, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert mx.PREDICTION_MARK not in cell.source, path.name
