@@ -4,8 +4,10 @@ cannot drift, a handout without solutions, a learner's work that no command over
 the small frictions of JupyterLab."""
 import ast
 import re
+import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import nbformat
@@ -14,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import make_exercises as mx  # noqa: E402
+import make_handout  # noqa: E402
 import make_keys  # noqa: E402
 
 from tx_helpers import grading  # noqa: E402
@@ -382,3 +385,87 @@ def test_every_notebook_has_an_exercise_copy(copies):
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert mx.PREDICTION_MARK not in cell.source, path.name
+
+
+# ----------------------------------------------------------------------------------------
+# Item 6: the teaching table cannot drift; the handout holds no solved notebook
+
+def test_teaching_table_matches_the_exercise_metadata(copies):
+    want = mx.teaching_text(ROOT, copies)
+    have = (ROOT / mx.TEACHING).read_text(encoding="utf-8")
+    assert want == have, ("docs/teaching.md's lab table differs from the exercise metadata and "
+                          "notebooks/labs.toml: run `make exercises`")
+
+
+def test_lab_table_lists_points_rubric_and_estimates(copies):
+    table = mx.lab_table(ROOT, copies)
+    labs = mx.load_labs(ROOT)
+    for number in NUMBERS:
+        settings = mx.lab_settings(labs, number)
+        assert settings["minutes"], f"notebooks/labs.toml: lab {number} has no study_minutes"
+        assert f"notebooks/{number}_" in table
+    assert "estimates" in table and "not measurements" in table
+    for path, text in copies.items():
+        meta = nbformat.reads(text, as_version=4).metadata[mx.LAB_KEY]
+        for check in meta["checks"]:
+            assert f"`{check['call']}`" in table, check
+        if meta["written"]:
+            assert f"**{path.stem}**" in table  # its rubric line
+
+
+def test_check_table_lists_every_check_a_lab_calls(copies):
+    doc = (ROOT / mx.TEACHING).read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(check_\w+)\(", doc, re.MULTILINE))
+    used = {c["check"] for text in copies.values()
+            for c in nbformat.reads(text, as_version=4).metadata[mx.LAB_KEY]["checks"]}
+    used.add("check_prediction")
+    assert used <= rows, f"docs/teaching.md's check table lacks {sorted(used - rows)}"
+    assert "have no exercise notebook of their own" not in doc  # the stale sentence is gone
+
+
+def test_labs_toml_rejects_nothing_silently():
+    labs = mx.load_labs(ROOT)
+    assert set(labs["points"]) >= {"check", "prediction", "written"}
+    assert set(labs["lab"]) == set(NUMBERS), sorted(labs["lab"])
+    assert labs["rubric"].get("written")
+
+
+@pytest.fixture(scope="module")
+def handout(tmp_path_factory):
+    return make_handout.build(tmp_path_factory.mktemp("dist"), ROOT)
+
+
+def test_handout_holds_no_solved_notebook_and_no_key(handout):
+    folder, archive = handout
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    with zipfile.ZipFile(archive) as zf:
+        assert sorted(n.split("/", 1)[1] for n in zf.namelist()) == files
+    notebooks = [f for f in files if f.endswith(".ipynb")]
+    assert notebooks == [f"notebooks/{p.name}" for p in SOLVED], notebooks
+    solved_texts = {p.read_text(encoding="utf-8") for p in SOLVED}
+    for rel in notebooks:
+        text = (folder / rel).read_text(encoding="utf-8")
+        assert text not in solved_texts, rel
+        assert "### BEGIN SOLUTION" not in text and "### HINT:" not in text, rel
+        nb = nbformat.reads(text, as_version=4)
+        assert nb.metadata[mx.LAB_KEY]["solved"] == Path(rel).name
+        assert not mx.is_hand_edited(nb)  # exactly what the generator wrote
+        assert answers_in(nb) == [], rel
+    for f in files:
+        assert not f.startswith(("teacher/", "tests/", "notebooks/exercises/")), f
+        assert "teacher key" not in (folder / f).read_bytes().decode("utf-8", "ignore").lower() \
+            or f.endswith(".py"), f
+    assert {"README.md", "pyproject.toml", "requirements.txt", "tx_helpers/__init__.py",
+            "tx_helpers/grading/__init__.py", "tx_helpers/models/MANIFEST.json",
+            "docs/defects.md", "jupyterlab-overrides.json"} <= set(files)
+    assert (folder / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+
+
+def test_handout_package_imports_from_the_handout(handout):
+    folder, _ = handout
+    done = subprocess.run([sys.executable, "-c", "import tx_helpers, pathlib; "
+                           "print(pathlib.Path(tx_helpers.__file__).parent.parent)"],
+                          cwd=folder, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == folder

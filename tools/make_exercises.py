@@ -89,10 +89,12 @@ SUMMARY = re.compile(r"\A\s*<summary\b[^>]*>(?P<text>.*?)</summary\s*>", re.IGNO
 CHECK_CALL = re.compile(r"^check_\w+$")
 
 NOTE_HEAD = """\
-> **Exercise version of `{solved}`.** The solved notebook of the same name is the teacher's.
-> Work in your own copy: `make lab` copies every exercise notebook once into `my-work/`
-> (a folder git ignores and no command overwrites) and opens JupyterLab there. A file in
-> `notebooks/exercises/` is regenerated from the solved notebook: do not work in it."""
+> **Exercise version of `{solved}`** (the solved notebook of the same name is the teacher's).
+> Keep your work in a copy that nothing regenerates: in the project's repository, `make lab`
+> copies every exercise notebook once into `my-work/` (git ignores it, and no command
+> overwrites it) and opens JupyterLab there; in a handout, its `notebooks/` folder is yours.
+> The repository's `notebooks/exercises/` is regenerated from the solved notebooks: do not
+> work there."""
 
 NOTE_RUN_ALL = """\
 > **Run All stops at the first stub you have not filled in:** that cell raises
