@@ -469,3 +469,87 @@ def test_handout_package_imports_from_the_handout(handout):
                           env={"PYTHONPATH": str(folder), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert Path(done.stdout.strip()) == folder
+
+
+# ----------------------------------------------------------------------------------------
+# Item 7: a learner's work is never lost
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "PATH": "/usr/bin:/bin",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(root)})
+
+
+def _solve(exercise_text: str, solved) -> str:
+    """What a learner saves: every stub replaced by its solution, and a cell run."""
+    nb = nbformat.reads(exercise_text, as_version=4)
+    solutions = {c.id: c.source for c in solved.cells}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "NotImplementedError" in cell.source:
+            source = solutions[cell.id]
+            for region in reversed(mx.find_regions(source)):
+                stub = region.stub()
+                cell.source = cell.source.replace(stub, mx.solution_code(source, region))
+            cell.outputs = [nbformat.v4.new_output("stream", text="my run\n")]
+            cell.execution_count = 1
+    return nbformat.writes(nb)
+
+
+def test_a_learners_work_survives_make_exercises_and_make_test(tmp_path):
+    """A learner saves solutions in my-work/ (and, against the advice, in notebooks/exercises/),
+    then runs make exercises and the staleness check of make test: nothing is lost or fails."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "docs").mkdir()
+    name = "05_masks.ipynb"
+    for path in SOLVED:
+        if path.name[:2] in ("00", "05"):
+            (tmp_path / "notebooks" / path.name).write_bytes(path.read_bytes())
+    (tmp_path / mx.LABS_TOML).write_bytes((ROOT / mx.LABS_TOML).read_bytes())
+    (tmp_path / mx.TEACHING).write_text(f"# T\n\n{mx.TABLE_BEGIN}\n{mx.TABLE_END}\n")
+    (tmp_path / ".gitignore").write_text(f"{mx.WORK_DIR}/\n")
+    root = ["--root", str(tmp_path)]
+    assert mx.main(root) == 0  # make exercises, as the repository ships them
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-q", "-m", "project")
+    assert mx.main(root + ["--fill", mx.WORK_DIR]) == 0  # make lab, first time
+    work = tmp_path / mx.WORK_DIR
+    assert sorted(p.name for p in work.glob("*.ipynb")) == ["00_overview.ipynb", name]
+    solved = _read(tmp_path / "notebooks" / name)
+    mine = _solve((work / name).read_text(), solved)
+    assert "raise NotImplementedError(\"" not in mine
+    (work / name).write_text(mine)
+    (work / "my_notes.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook()))
+    generated = tmp_path / "notebooks" / mx.EXERCISE_DIR / name
+    also_mine = _solve(generated.read_text(), solved)
+    generated.write_text(also_mine)
+
+    problems, edits = mx.staleness(tmp_path)  # what make test asserts
+    assert problems == [] and edits == [f"edited by hand: notebooks/exercises/{name}"]
+    assert mx.main(root) == 0  # make exercises
+    assert (work / name).read_text() == mine  # untouched
+    rescued = list((work / mx.RESCUE_DIR).glob("05_masks-*.ipynb"))
+    assert len(rescued) == 1 and rescued[0].read_text() == also_mine  # kept, not lost
+    assert mx.staleness(tmp_path) == ([], [])
+    assert mx.main(root + ["--check"]) == 0
+
+    (work / "00_overview.ipynb").unlink()  # "start this one afresh"
+    assert mx.main(root + ["--fill", mx.WORK_DIR]) == 0  # make lab, again
+    assert (work / "00_overview.ipynb").exists() and (work / name).read_text() == mine
+    assert (work / "my_notes.ipynb").exists()
+
+    solved.cells[0].source += "\n\nA new sentence."  # the project changes; the learner pulls
+    nbformat.write(solved, tmp_path / "notebooks" / name)
+    assert mx.main(root) == 0 and mx.main(root + ["--fill", mx.WORK_DIR]) == 0
+    assert (work / name).read_text() == mine
+    assert "A new sentence." in generated.read_text()
+
+
+def test_learners_folder_is_ignored_and_outside_what_the_tests_collect():
+    assert f"{mx.WORK_DIR}/" in (ROOT / ".gitignore").read_text().split("\n")
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    assert mx.WORK_DIR not in test_recipe and not mx.WORK_DIR.startswith(("notebooks", "tests"))
+    lab_recipe = re.search(r"^lab:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    assert "make_exercises.py --fill $(WORK)" in lab_recipe and "/lab/tree/$(WORK)" in lab_recipe

@@ -967,6 +967,26 @@ def differences(root: Path = ROOT) -> list[str]:
     return lines
 
 
+def staleness(root: Path = ROOT) -> tuple[list[str], list[str]]:
+    """(problems, learner edits): what the test suite fails on, and what it leaves alone.
+
+    A copy in notebooks/exercises/ edited by hand while the repository's committed copy is up
+    to date (or when there is no git to ask) is someone's local work: ``make test`` must not
+    fail on it, and ``make exercises`` keeps it in my-work/rescued/ before regenerating.
+    """
+    want = expected_exercises(root)
+    problems, edits = [], []
+    for line in differences(root):
+        kind, _, rel = line.partition(": ")
+        path = root / rel
+        committed = _committed_text(path, root) if kind == "edited by hand" else None
+        if kind == "edited by hand" and (committed is None or committed == want.get(path)):
+            edits.append(line)
+        else:
+            problems.append(line)
+    return problems, edits
+
+
 def _rescue(path: Path, root: Path) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     target = root / WORK_DIR / RESCUE_DIR / f"{path.stem}-{stamp}{path.suffix}"
