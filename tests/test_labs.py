@@ -3,6 +3,7 @@ exercise copies without answers, graded predictions in every notebook, a teachin
 cannot drift, a handout without solutions, a learner's work that no command overwrites, and
 the small frictions of JupyterLab."""
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -553,3 +554,69 @@ def test_learners_folder_is_ignored_and_outside_what_the_tests_collect():
     assert mx.WORK_DIR not in test_recipe and not mx.WORK_DIR.startswith(("notebooks", "tests"))
     lab_recipe = re.search(r"^lab:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
     assert "make_exercises.py --fill $(WORK)" in lab_recipe and "/lab/tree/$(WORK)" in lab_recipe
+
+
+# ----------------------------------------------------------------------------------------
+# Item 8: copies open unmodified; the note is the notebook's own; no news pop-up
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_copy_keeps_metadata_and_its_note_is_its_own(path, copies):
+    solved = _read(path)
+    ex = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name], as_version=4)
+    # JupyterLab marks a notebook modified when its stored language_info or kernelspec differ
+    # from what the kernel reports; the solved notebooks open clean, so the copies store theirs.
+    assert ex.metadata["language_info"] == solved.metadata["language_info"]
+    assert ex.metadata["kernelspec"] == solved.metadata["kernelspec"]
+    assert (ex.nbformat, ex.nbformat_minor) == (solved.nbformat, solved.nbformat_minor)
+    note = ex.cells[0].source
+    assert ex.cells[0].id == mx.NOTE_ID and f"`{path.name}`" in note
+    for title in mx.section_titles(solved):
+        assert f"*{mx._md(title)}*" in note, title
+    info = mx.lab_info(solved)
+    sections = set(mx.section_titles(solved))
+    named = set(re.findall(r"\bcheck_\w+", note))
+    assert named == {c["check"] for c in info["checks"]}, named  # no other notebook's check
+    for e in info["exercises"]:
+        assert e["section"].split(" / ")[0] in sections | {"the introduction"}
+        assert f"`{e['name']}`, in section *{mx._md(e['section'])}*" in note
+    assert ("Run All stops at the first stub" in note) == bool(info["exercises"])
+    assert ("prediction" in note) == bool(info["predictions"])
+
+
+def test_note_puts_each_exercise_in_its_own_section():
+    cells = [nbformat.v4.new_markdown_cell("# 05 Masks"),
+             nbformat.v4.new_markdown_cell("## 1. Padding"),
+             nbformat.v4.new_code_cell("def padding_mask(seq, pad_idx):\n    ### BEGIN SOLUTION\n"
+                                       "    return seq == pad_idx\n    ### END SOLUTION"),
+             nbformat.v4.new_markdown_cell("## 2. Look-ahead"),
+             nbformat.v4.new_code_cell("def lookahead_mask(size):\n    ### BEGIN SOLUTION\n"
+                                       "    return size\n    ### END SOLUTION"),
+             nbformat.v4.new_code_cell("_ = tx.grading.check_masks(padding_mask, lookahead_mask)")]
+    ex = mx.make_exercise(nbformat.v4.new_notebook(cells=cells), "05_masks.ipynb")
+    note = ex.cells[0].source
+    assert "`padding_mask`, in section *1. Padding*" in note
+    assert "`lookahead_mask`, in section *2. Look-ahead*" in note
+    assert "`tx.grading.check_masks(padding_mask, lookahead_mask)`" in note
+    assert "check_multi_head_attention" not in note
+
+
+def test_lab_settings_switch_off_the_news_question():
+    """The override make setup installs, checked against the installed JupyterLab's schema."""
+    overrides = json.loads((ROOT / "tools" / "jupyterlab" / "overrides.json").read_text())
+    schema_dir = Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas"
+    for plugin, values in overrides.items():
+        package, _, name = plugin.partition(":")
+        schema_path = schema_dir / package / f"{name}.json"
+        if not schema_path.exists():
+            pytest.skip(f"JupyterLab's schema {schema_path} is not installed here")
+        props = json.loads(schema_path.read_text())["properties"]
+        for key, value in values.items():
+            assert key in props, f"{plugin} has no setting {key!r}"
+            spec = props[key]
+            if "oneOf" in spec:
+                assert value in [o["const"] for o in spec["oneOf"]], (key, value)
+            else:
+                assert isinstance(value, {"boolean": bool, "string": str}[spec["type"]])
+    news = overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"]
+    assert news == "false"  # "Never"; the default "none" asks on every fresh start
