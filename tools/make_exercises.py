@@ -467,14 +467,14 @@ def _sections(nb) -> list[tuple[int, str, str]]:
     """(cell index, section, subsection) for every cell: the headings above it."""
     out, section, sub = [], "", ""
     for index, cell in enumerate(nb.cells):
-        out.append((index, section, sub))
-        if cell.cell_type == "markdown":
+        if cell.cell_type == "markdown":  # a heading counts for its own cell and those after
             for line in cell.source.split("\n"):
                 m = HEADING.match(line)
                 if m and m.group("level") == "##":
                     section, sub = m.group("text"), ""
                 elif m:
                     sub = m.group("text")
+        out.append((index, section, sub))
     return out
 
 
@@ -898,8 +898,7 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
         p = settings["points"]
         link = (f"[{path.stem.replace('_', ' ')}](../notebooks/{path.name}) "
                 f"([exercise](../notebooks/{EXERCISE_DIR}/{path.name}))")
-        writes = "; ".join(f"`{e['name']}`" for e in meta["exercises"]) or (
-            "predictions only" if meta["predictions"] else "nothing yet")
+        writes = "; ".join(f"`{e['name']}`" for e in meta["exercises"]) or "no code"
         checks = "<br>".join(f"`{c['call']}`" for c in meta["checks"])
         checks = (f"{len(meta['checks'])} × {p['check']} pt: {checks}" if meta["checks"]
                   else "none")
@@ -919,7 +918,7 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
     out = [TABLE_BEGIN, "", *rows, "",
            f"Study times are the authors' estimates (reading, predicting, writing and "
            f"running, for a learner new to the topic), not measurements: about "
-           f"{round(total_minutes / 60)} hours for the series. Points per graded check, per "
+           f"{total_minutes / 60:.0f} hours for the series. Points per graded check, per "
            f"prediction and per written answer, the rubric and the estimates live in "
            f"`{LABS_TOML.as_posix()}`; the rest of this table is read from the notebooks. "
            f"`make exercises` rewrites it, and a test fails when it is stale."]
