@@ -68,6 +68,10 @@ def test_key_operations_are_read_from_the_code():
     assert {"transpose", "sqrt", "masked_fill", "finfo", "softmax", "@", ".T", "0::2",
             "10000"} <= set(ops), ops
     assert "dropout" not in ops  # a parameter: the contract's own word
+    init = ("def __init__(self, d_model, dropout=0.1):\n    ### BEGIN SOLUTION\n"
+            "    self.dropout = nn.Dropout(dropout)\n    self.w_o = nn.Linear(d_model, d_model)\n"
+            "    ### END SOLUTION")
+    assert set(mx.key_operations(init, mx.find_regions(init)[0])) == {"Linear"}
     assert "size" not in ops  # a size accessor, not an operation
     leaks = mx.leaked_operations("scores = q @ k.transpose(-2, -1); Softmax over keys", ops)
     assert set(leaks) == {"@", "transpose", "softmax"}
@@ -126,8 +130,9 @@ def _region_statements(source: str, region) -> list[str]:
 
 
 def solution_leaks(solved, exercise) -> list[str]:
-    """Solution regions of ``solved`` whose code sits in a code cell of ``exercise``: most of its
-    statements verbatim in one cell (a stub left filled, or a demonstration that repeats it)."""
+    """Solution regions of ``solved`` whose code sits in a code cell of ``exercise``: every one
+    of its statements verbatim in one cell (a stub left filled, or a demonstration repeating it).
+    A "find the bug" lab shows the buggy code, all of the solution but the fixed line: allowed."""
     cells = []
     for cell in exercise.cells:
         if cell.cell_type == "code" and (tree := mx.parse_cell(cell.source)) is not None:
@@ -142,7 +147,7 @@ def solution_leaks(solved, exercise) -> list[str]:
                 continue  # `return x`: too short to tell a leak from a coincidence
             for seen in cells:
                 hits = sum(s in seen for s in wanted)
-                if hits == len(wanted) or (hits >= 2 and hits >= 0.75 * len(wanted)):
+                if hits == len(wanted):  # all of it: a bug-fix lab shows all but the bug
                     leaks.append(f"{mx.region_owner(cell.source, region)} "
                                  f"({hits}/{len(wanted)} statements)")
                     break
@@ -318,34 +323,36 @@ def _revealed(check_cell, label: str) -> str | None:
 
 
 def prediction_problems(nb) -> list[str]:
+    """The rules of a graded prediction (docs/CONVENTIONS.md), as problems found."""
     info = mx.lab_info(nb)
     problems = [f"`{name}` ({mx.PREDICTION_MARK}) is never passed to "
                 "tx.grading.check_prediction" for name in info["ungraded_predictions"]]
     for p in info["predictions"]:
-        at = p["cell"]
+        at, asked = p["cell"], p["question_cell"]
         cell = nb.cells[at]
-        if at == 0 or nb.cells[at - 1].cell_type != "markdown":
-            problems.append(f"`{p['name']}` (cell {at}): the cell before a prediction must be "
-                            "its question, a markdown cell")
+        if asked is None:
+            problems.append(f"`{p['name']}` (cell {at}): no markdown question before it")
+            continue
         if not mx.is_prediction_cell(cell.source):
             problems.append(f"`{p['name']}` (cell {at}): a prediction cell holds only "
                             f"`name = value  {mx.PREDICTION_MARK}` lines and comments")
         if cell.get("outputs"):
             problems.append(f"`{p['name']}` (cell {at}): the prediction cell prints something")
         value = _revealed(nb.cells[p["check_cell"]], p["label"] or p["name"])
-        before = next((j for j in range(at - 2, -1, -1) if nb.cells[j].cell_type == "code"),
-                      None)
-        if value and len(value) >= 2 and before is not None and value in _printed(
-                nb.cells[before]):
-            problems.append(f"`{p['name']}` (cell {at}): the answer {value} is already printed "
-                            f"by cell {before}, just before the question")
+        if not value or len(value) < 2:
+            continue
+        pattern = rf"(?<![\w.]){re.escape(value)}(?![\w.])"
+        for j in range(asked + 1, at):  # between the question and the answer cell
+            if nb.cells[j].cell_type == "code" and re.search(pattern, _printed(nb.cells[j])):
+                problems.append(f"`{p['name']}` (cell {at}): the answer {value} is printed by "
+                                f"cell {j}, between the question and the prediction cell")
     return problems
 
 
 def test_prediction_rules_on_a_synthetic_notebook():
-    cells = [nbformat.v4.new_code_cell("x = 1", outputs=[nbformat.v4.new_output(
+    cells = [nbformat.v4.new_markdown_cell("**Predict.** The shape?"),
+             nbformat.v4.new_code_cell("x = 1", outputs=[nbformat.v4.new_output(
                  "stream", text="shape (2, 5, 16)\n")]),
-             nbformat.v4.new_markdown_cell("**Predict.** The shape?"),
              nbformat.v4.new_code_cell("shape = (2, 5, 16)  ### PREDICTION"),
              nbformat.v4.new_code_cell(
                  "_ = tx.grading.check_prediction('output shape', shape, (2, 5, 16))",
@@ -357,10 +364,16 @@ def test_prediction_rules_on_a_synthetic_notebook():
     problems = prediction_problems(nb)
     assert len(problems) == 2, problems
     assert "`n` (### PREDICTION) is never passed" in problems[0]
-    assert "already printed by cell 0" in problems[1]
-    cells[0].outputs = []
-    cells[1], cells[0] = cells[0], cells[1]  # the question no longer right before the answer
-    assert "must be its question" in prediction_problems(nb)[1]
+    assert "printed by cell 1, between the question" in problems[1]
+    cells[1].outputs = [nbformat.v4.new_output("stream", text="shape (2, 5, 160)\n")]
+    assert len(prediction_problems(nb)) == 1  # (2, 5, 160) does not give (2, 5, 16) away
+    quiz = ("rows = [('1. output', shape, (2, 5, 16), {(5, 2, 16): 'swapped'})]\n"
+            "for q, p, want, m in rows:\n"
+            "    _ = tx.grading.check_prediction(q, p, want, mistakes=m)")
+    cells[3].source = quiz  # graded in a loop, as 11's shape quiz does
+    info = mx.lab_info(nb)
+    assert [(p["name"], p["label"], p["mistakes"]) for p in info["predictions"]] == [
+        ("shape", "1. output", [["(5, 2, 16)", "swapped"]])]
 
 
 @pytest.mark.parametrize("number", NUMBERS)
@@ -408,10 +421,30 @@ def test_lab_table_lists_points_rubric_and_estimates(copies):
     assert "estimates" in table and "not measurements" in table
     for path, text in copies.items():
         meta = nbformat.reads(text, as_version=4).metadata[mx.LAB_KEY]
+        row = next(line for line in table.split("\n") if f"(../notebooks/{path.name})" in line)
         for check in meta["checks"]:
-            assert f"`{check['call']}`" in table, check
+            assert f"`{check['check']}`" in row, check
+        for e in meta["exercises"]:
+            assert f"`{e['name'].split('.')[-1]}`" in row, e
+        points = mx.lab_points(meta, mx.lab_settings(labs, path.name[:2]))
+        assert f"| {points['total']:g} |" in row
         if meta["written"]:
             assert f"**{path.stem}**" in table  # its rubric line
+
+
+def test_points_add_up_on_a_synthetic_lab():
+    labs = {"points": dict(mx.DEFAULT_POINTS), "rubric": {"written": "r"},
+            "lab": {"03": {"points": {"prediction": 2}, "study_minutes": 50}}}
+    settings = mx.lab_settings(labs, "03")
+    meta = {"exercises": [{"name": "MHA.split"}, {"name": "MHA.merge"}, {"name": "f"}],
+            "predictions": [{}, {}, {}], "written": [{}]}
+    assert mx.lab_points(meta, settings) == {"exercises": 3, "predictions": 6, "written": 2,
+                                             "total": 11}
+    assert settings["minutes"] == 50 and settings["rubric"] == "r"
+    exercises = [{"name": "MHA.split", "checks": ["check_mha"]},
+                 {"name": "MHA.merge", "checks": ["check_mha"]}, {"name": "f", "checks": []}]
+    assert mx.graded_objects(exercises) == [("MHA", ["split", "merge"], ["check_mha"]),
+                                            ("f", [], [])]
 
 
 def test_check_table_lists_every_check_a_lab_calls(copies):
@@ -426,7 +459,7 @@ def test_check_table_lists_every_check_a_lab_calls(copies):
 
 def test_labs_toml_rejects_nothing_silently():
     labs = mx.load_labs(ROOT)
-    assert set(labs["points"]) >= {"check", "prediction", "written"}
+    assert set(labs["points"]) == set(mx.DEFAULT_POINTS)
     assert set(labs["lab"]) == set(NUMBERS), sorted(labs["lab"])
     assert labs["rubric"].get("written")
 

@@ -282,7 +282,7 @@ def key_operations(source: str, region: Region) -> dict[str, str]:
         for sym in ("@", "**", "==", "!="):
             if sym in text:
                 found.setdefault(sym, "operator")
-        return {k: v for k, v in found.items() if k not in allowed}
+        return {k: v for k, v in found.items() if k.lower() not in {a.lower() for a in allowed}}
     local = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
              and isinstance(n.ctx, ast.Store)}
     for node in ast.walk(tree):
@@ -309,7 +309,8 @@ def key_operations(source: str, region: Region) -> dict[str, str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
                 and not isinstance(node.value, bool) and abs(node.value) >= 100:
             found.setdefault(repr(node.value), "constant")
-    return {k: v for k, v in found.items() if k and k not in allowed}
+    words = {a.lower() for a in allowed}  # messages are matched in any case, so are these
+    return {k: v for k, v in found.items() if k and k.lower() not in words}
 
 
 def _numbers(text: str) -> set[float]:
@@ -611,20 +612,30 @@ def lab_info(nb) -> dict:
                 if uses:
                     defined[name] = uses
         for line, name, value in prediction_lines(cell.source):
-            question = ""
-            if index > 0 and nb.cells[index - 1].cell_type == "markdown":
-                question = strip_answers(nb.cells[index - 1].source)
+            asked = next((j for j in range(index - 1, -1, -1)
+                          if nb.cells[j].cell_type == "markdown"), None)
+            question = strip_answers(nb.cells[asked].source) if asked is not None else ""
             pending[name] = {"name": name, "value": value, "cell": index, "line": line,
-                             "question": question, "section": _where(sections, index, False)}
-        for check, node, call in check_calls(cell.source):
+                             "question": question, "question_cell": asked,
+                             "section": _where(sections, index, False)}
+        calls = check_calls(cell.source)
+        graders = [(node, call) for check, node, call in calls if check == "check_prediction"]
+        if graders and pending:
+            tree = parse_cell(cell.source)
+            for name in sorted(_loaded_names(tree) & set(pending)):
+                item = pending.pop(name)
+                node, call = next(((n, c) for n, c in graders if name in _names_in(n)),
+                                  graders[0])
+                direct = name in _names_in(node)
+                item.update(check_cell=index, call=call,
+                            label=_label(node) if direct else _tuple_label(tree, name),
+                            mistakes=(_prediction_mistakes(node, cell.source) if direct
+                                      else _tuple_mistakes(tree, name)),
+                            tolerance=_tolerance(node))
+                predictions.append(item)
+        for check, node, call in calls:
             subjects = _names_in(node)
             if check == "check_prediction":
-                for name in sorted(subjects & set(pending)):
-                    item = pending.pop(name)
-                    item.update(check_cell=index, call=call, label=_label(node),
-                                mistakes=_prediction_mistakes(node, cell.source),
-                                tolerance=_tolerance(node))
-                    predictions.append(item)
                 continue
             graded = sorted(subjects & set(defined))
             if graded:
@@ -641,6 +652,38 @@ def lab_info(nb) -> dict:
     return {"sections": section_titles(nb), "exercises": exercises, "checks": checks,
             "predictions": predictions, "ungraded_predictions": sorted(pending),
             "written": written}
+
+
+def _loaded_names(tree) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Load)} if tree else set()
+
+
+def _holding_tuple(tree, name: str):
+    """The tuple or list literal that holds ``name`` (a quiz row: label, prediction, ...)."""
+    for node in ast.walk(tree) if tree else []:
+        if isinstance(node, (ast.Tuple, ast.List)) and any(
+                isinstance(e, ast.Name) and e.id == name for e in node.elts):
+            return node
+    return None
+
+
+def _tuple_label(tree, name: str) -> str:
+    row = _holding_tuple(tree, name)
+    for e in row.elts if row is not None else []:
+        if isinstance(e, ast.Constant) and isinstance(e.value, str):
+            return e.value
+    return ""
+
+
+def _tuple_mistakes(tree, name: str) -> list[list[str]]:
+    row = _holding_tuple(tree, name)
+    for e in row.elts if row is not None else []:
+        if isinstance(e, ast.Dict):
+            return [[ast.unparse(k), v.value if isinstance(v, ast.Constant)
+                     and isinstance(v.value, str) else ast.unparse(v)]
+                    for k, v in zip(e.keys, e.values, strict=True) if k is not None]
+    return []
 
 
 def _label(call: ast.Call) -> str:
@@ -676,15 +719,16 @@ def _prediction_mistakes(call: ast.Call, source: str) -> list[list[str]]:
 # Points, rubric and study time: notebooks/labs.toml
 
 
+DEFAULT_POINTS = {"exercise": 1, "prediction": 0.5, "written": 2}
+
+
 def load_labs(root: Path = ROOT) -> dict:
     path = root / LABS_TOML
-    if not path.exists():
-        return {"points": {"check": 2, "prediction": 1, "written": 2}, "rubric": {}, "lab": {}}
-    with path.open("rb") as f:
-        data = tomllib.load(f)
-    data.setdefault("points", {}).setdefault("check", 2)
-    data["points"].setdefault("prediction", 1)
-    data["points"].setdefault("written", 2)
+    data = {}
+    if path.exists():
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    data["points"] = {**DEFAULT_POINTS, **data.get("points", {})}
     data.setdefault("rubric", {})
     data.setdefault("lab", {})
     return data
@@ -695,17 +739,28 @@ def lab_settings(labs: dict, number: str) -> dict:
     own = labs["lab"].get(number, {})
     points = {**labs["points"], **own.get("points", {})}
     return {"points": points, "minutes": own.get("study_minutes"),
-            "rubric": own.get("rubric", labs["rubric"].get("written", "")),
-            "title": own.get("title", "")}
+            "rubric": own.get("rubric", labs["rubric"].get("written", ""))}
 
 
 def lab_points(info: dict, settings: dict) -> dict:
+    """Points of a lab: each exercise (solution region), prediction and written answer."""
     p = settings["points"]
-    parts = {"checks": p["check"] * len(info["checks"]),
+    parts = {"exercises": p["exercise"] * len(info["exercises"]),
              "predictions": p["prediction"] * len(info["predictions"]),
              "written": p["written"] * len(info["written"])}
     parts["total"] = sum(parts.values())
     return parts
+
+
+def graded_objects(exercises: list[dict]) -> list[tuple[str, list[str], list[str]]]:
+    """(class or function, its exercises' method names, the checks that mark it), in order."""
+    out: dict[str, tuple[list[str], set[str]]] = {}
+    for e in exercises:
+        top, _, method = e["name"].partition(".")
+        parts, checks = out.setdefault(top, ([], set()))
+        parts.append(method)
+        checks.update(e["checks"])
+    return [(top, [m for m in parts if m], sorted(checks)) for top, (parts, checks) in out.items()]
 
 
 # ----------------------------------------------------------------------------------------
@@ -885,41 +940,46 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
     """The generated part of docs/teaching.md, from the exercise copies' metadata."""
     copies = copies if copies is not None else expected_exercises(root)
     labs = load_labs(root)
-    rows = ["| Lab | What the learner writes | Graded checks | Predictions | Written | "
-            "Points | Study time (estimate) |", "|---|---|---|---|---|---|---|"]
+    rows = ["| Lab | Code to write: points, and the check that marks it | Predictions | "
+            "Written answers | Points | Study time (estimate) |", "|---|---|---|---|---|---|"]
     rubrics, total_minutes = [], 0
     for path in sorted(copies):
         nb = nbformat.reads(copies[path], as_version=4)
         meta = nb.metadata[LAB_KEY]
         settings = lab_settings(labs, _lab_number(path))
-        info_counts = {"checks": meta["checks"], "predictions": meta["predictions"],
-                       "written": meta["written"]}
-        points = lab_points(info_counts, settings)
+        points = lab_points(meta, settings)
         p = settings["points"]
         link = (f"[{path.stem.replace('_', ' ')}](../notebooks/{path.name}) "
                 f"([exercise](../notebooks/{EXERCISE_DIR}/{path.name}))")
-        writes = "; ".join(f"`{e['name']}`" for e in meta["exercises"]) or "no code"
-        checks = "<br>".join(f"`{c['call']}`" for c in meta["checks"])
-        checks = (f"{len(meta['checks'])} × {p['check']} pt: {checks}" if meta["checks"]
-                  else "none")
+        code = []
+        for top, methods, checks in graded_objects(meta["exercises"]):
+            n = max(1, len(methods))
+            what = f"`{top}`" + (f" ({', '.join(f'`{m}`' for m in methods)})" if methods else "")
+            by = ", ".join(f"`{c}`" for c in checks) or "no check: mark by hand"
+            code.append(f"{what}: {n * p['exercise']:g} pt, {by}")
+        code_text = "<br>".join(code) or "none"
         preds = meta["predictions"]
-        pred_text = (f"{len(preds)} × {p['prediction']} pt: "
+        pred_text = (f"{len(preds)} × {p['prediction']:g} pt: "
                      + "; ".join(_md(x["label"] or x["name"]) for x in preds)) if preds else "none"
         written = meta["written"]
-        written_text = (f"{len(written)} × {p['written']} pt (rubric below)" if written
+        written_text = (f"{len(written)} × {p['written']:g} pt (rubric below)" if written
                         else "none")
         minutes = settings["minutes"]
         total_minutes += minutes or 0
         time_text = f"about {minutes} min" if minutes else "not estimated"
-        rows.append(f"| {link} | {writes} | {checks} | {pred_text} | {written_text} | "
-                    f"{points['total']} | {time_text} |")
+        rows.append(f"| {link} | {code_text} | {pred_text} | {written_text} | "
+                    f"{points['total']:g} | {time_text} |")
         if written:
             rubrics.append(f"- **{path.stem}**: {settings['rubric'] or 'no rubric yet'}")
     out = [TABLE_BEGIN, "", *rows, "",
            f"Study times are the authors' estimates (reading, predicting, writing and "
            f"running, for a learner new to the topic), not measurements: about "
-           f"{total_minutes / 60:.0f} hours for the series. Points per graded check, per "
-           f"prediction and per written answer, the rubric and the estimates live in "
+           f"{total_minutes / 60:.0f} hours for the series. Each exercise (one stub to fill "
+           f"in) is worth {labs['points']['exercise']:g} pt, each graded prediction "
+           f"{labs['points']['prediction']:g} pt and each written answer "
+           f"{labs['points']['written']:g} pt unless a lab says otherwise; a class with several "
+           f"stubs earns them through the one check that marks it (`tools/grade.py` gives "
+           f"partial credit by probes passed). The points, the rubric and the estimates live in "
            f"`{LABS_TOML.as_posix()}`; the rest of this table is read from the notebooks. "
            f"`make exercises` rewrites it, and a test fails when it is stale."]
     if rubrics:

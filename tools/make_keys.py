@@ -146,12 +146,13 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
            "hand this out.** Regenerate it after the notebook changes.", "",
            "## Points", "",
            "| Part | Count | Points each | Points |", "|---|---|---|---|",
-           f"| Graded checks | {len(info['checks'])} | {p['check']} | {points['checks']} |",
-           f"| Predictions | {len(info['predictions'])} | {p['prediction']} | "
-           f"{points['predictions']} |",
-           f"| Written answers | {len(info['written'])} | {p['written']} | "
-           f"{points['written']} |",
-           f"| **Total** | | | **{points['total']}** |", ""]
+           f"| Exercises (stubs) | {len(info['exercises'])} | {p['exercise']:g} | "
+           f"{points['exercises']:g} |",
+           f"| Predictions | {len(info['predictions'])} | {p['prediction']:g} | "
+           f"{points['predictions']:g} |",
+           f"| Written answers | {len(info['written'])} | {p['written']:g} | "
+           f"{points['written']:g} |",
+           f"| **Total** | | | **{points['total']:g}** |", ""]
     minutes = settings["minutes"]
     out += [f"Estimated study time: about {minutes} minutes (an estimate, not a measurement)."
             if minutes else "Estimated study time: not estimated yet.", ""]
