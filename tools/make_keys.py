@@ -205,6 +205,8 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
             out += [f"- `{wrong}`: {meaning}" for wrong, meaning in pr["mistakes"]] + [""]
         out += [f"Graded by `{pr['call']}`."]
         printed = _text_outputs(nb.cells[pr["check_cell"]])
+        mine = [line for line in printed.split("\n") if label and f"{label}:" in line]
+        printed = "\n".join(mine) if mine else printed  # one quiz row, not the whole quiz
         if printed:
             out += ["", "What it printed in the solved notebook:", "", _fence(printed, "text")]
         out += [""]
