@@ -15,7 +15,12 @@ JOBS   ?= auto
 TEST_ENV := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PYTEST_NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=900 --ignore=notebooks/exercises
 
-.PHONY: setup check-python lab test test-browser test-portability notebooks exercises models bench ddp-demo lint clean
+# The learner's own copies of the exercise notebooks (git-ignored; filled once, never overwritten).
+WORK   ?= my-work
+# JupyterLab settings for the project's Lab (no "Jupyter news" question): installed into the venv.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+.PHONY: setup check-python lab test test-browser test-portability notebooks exercises handout keys models bench ddp-demo lint clean
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -40,10 +45,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PIP) -q --no-deps -e .
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(LAB_OVERRIDES): tools/jupyterlab/overrides.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp tools/jupyterlab/overrides.json $@
 
+setup: $(STAMP) $(LAB_OVERRIDES)
+
+# Copies the exercise notebooks that $(WORK)/ lacks (never overwrites one), then opens
+# JupyterLab on the repository with the file browser in $(WORK)/.
 lab: setup
-	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+	$(BIN)/python tools/make_exercises.py --fill $(WORK)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/$(WORK) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
 	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadscope $(PYTEST_NBVAL) tests notebooks
@@ -61,9 +73,21 @@ $(BROWSER_STAMP): $(STAMP) requirements-browser.txt
 test-browser: $(BROWSER_STAMP)
 	$(TEST_ENV) $(BIN)/python -m pytest -p no:nbval tests_browser -v --durations=0
 
-# Student copies of the notebooks, generated from the solution regions.
+# Student copies of the notebooks (notebooks/exercises/) and the lab table of docs/teaching.md,
+# generated from the solved notebooks. Never touches $(WORK)/; a copy edited by hand is kept in
+# $(WORK)/rescued/ before it is regenerated.
 exercises: setup
 	$(BIN)/python tools/make_exercises.py
+
+# What a student gets: dist/transformer-labs/ and dist/transformer-labs.zip (exercise copies,
+# tx_helpers, requirements, a README; no solved notebook, no teacher key).
+handout: setup
+	$(BIN)/python tools/make_handout.py
+
+# One teacher key per lab in teacher/keys/ (git-ignored): solutions, answers, predictions,
+# each check's mistakes. For the teacher only.
+keys: setup
+	$(BIN)/python tools/make_keys.py
 
 # Re-execute notebooks in place (all of them, or NB=notebooks/03_x.ipynb), then merge each
 # cell's stream outputs so a saved progress bar keeps only its last state, store widget cells
