@@ -99,8 +99,9 @@ def init_distributed(backend: str | None = None, *, init_method: str = "env://",
     rank = int(os.environ["RANK"]) if rank is None else rank
     world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if local_rank is None else local_rank
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend is None:  # nccl only with one GPU per process on this machine (notebook 12's rule)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        backend = "nccl" if torch.cuda.device_count() >= local_world else "gloo"
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got backend={backend!r}")
     if backend == "nccl":
