@@ -29,6 +29,11 @@ def _ids(n, length, vocab=SRC_VOCAB):
 def test_d_model_not_divisible_by_n_heads():
     with pytest.raises(ValueError, match=r"d_model=100 is not divisible by n_heads=8"):
         tx.ModelConfig(d_model=100, n_heads=8)
+    # the message suggests a d_model and the divisors of d_model nearest to n_heads
+    with pytest.raises(ValueError, match=r"\(try d_model=96, or n_heads=5 or 10\)"):
+        tx.ModelConfig(d_model=100, n_heads=8)
+    with pytest.raises(ValueError, match=r"\(try d_model=1020, or n_heads=8 or 16\)"):
+        tx.ModelConfig.paper_big(n_heads=12)
     with pytest.raises(ValueError, match=r"d_model=10 is not divisible by n_heads=4"):
         tx.MultiHeadAttention(10, 4)
 

@@ -60,10 +60,14 @@ def check_dropout(name: str, p) -> None:
 
 def check_divisible(d_model: int, n_heads: int) -> None:
     if d_model % n_heads:
+        # the divisors of d_model nearest to n_heads, below and above
+        below = max(h for h in range(1, n_heads) if d_model % h == 0)
+        above = next((h for h in range(n_heads + 1, d_model + 1) if d_model % h == 0), None)
+        heads = f"n_heads={below}" + (f" or {above}" if above else "")
         raise ValueError(
             f"d_model={d_model} is not divisible by n_heads={n_heads}: "
             f"each head needs d_k = d_model / n_heads features "
-            f"(try d_model={n_heads * max(1, round(d_model / n_heads))})"
+            f"(try d_model={n_heads * max(1, round(d_model / n_heads))}, or {heads})"
         )
 
 
