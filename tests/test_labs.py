@@ -219,6 +219,24 @@ def test_copies_drop_answers_and_keep_questions_and_hints():
     assert "1 prediction:" in ex.cells[0].source and "1 written question" in ex.cells[0].source
 
 
+def test_answer_space_tag_puts_an_ungraded_answer_cell_before_the_proof():
+    solved = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 11 T"),
+        nbformat.v4.new_markdown_cell("## Q1. Why?", metadata={"tags": ["answer-space"]}),
+        nbformat.v4.new_markdown_cell("<details><summary>Answer</summary>Because.</details>"),
+        nbformat.v4.new_code_cell("print('proof')"),
+        nbformat.v4.new_markdown_cell("## Q2. And?"),
+        nbformat.v4.new_code_cell("print('proof 2')"),
+    ])
+    for i, cell in enumerate(solved.cells):
+        cell.id = f"c{i}"
+    ex = mx.make_exercise(solved, "11_t.ipynb")
+    sources = [c.source for c in ex.cells[1:]]  # after the copy's note
+    assert sources == ["# 11 T", "## Q1. Why?", mx.YOUR_ANSWER, "print('proof')", "## Q2. And?",
+                       "print('proof 2')"]
+    assert ex.metadata[mx.LAB_KEY]["written"] == []  # an answer space is not graded
+
+
 def test_unbalanced_answer_markers_are_an_error():
     for bad in ("<!-- answer --> open", "close <!-- /answer -->", "<details><summary>Answer"):
         with pytest.raises(mx.RegionError):

@@ -11,7 +11,8 @@ For every solved notebook notebooks/NN_*.ipynb, writes notebooks/exercises/NN_*.
   ``<!-- answer -->`` and ``<!-- /answer -->``, and every cell tagged ``answer`` (the teacher
   key, tools/make_keys.py, keeps all of them);
 - after each written question (a markdown cell starting with ``**Write.**``) an empty answer
-  cell is added for the learner;
+  cell is added for the learner; so it is after a cell tagged ``answer-space`` (an ungraded
+  question, e.g. notebook 11's headings: the learner answers before the proof cells below it);
 - ``### BEGIN HIDDEN TESTS`` ... ``### END HIDDEN TESTS`` blocks are removed (a code
   cell left empty by that is dropped);
 - outputs, execution counts and cell execution metadata are cleared; the notebook keeps the
@@ -69,6 +70,7 @@ META_KEY = "tx_exercise"  # cell metadata: which exercise a code cell holds (too
 LAB_KEY = "tx_lab"  # notebook metadata: what the lab grades, and the copy's fingerprint
 ANSWER_TAG = "answer"  # a cell with this tag is teacher-only: dropped from the copies
 WRITE_MARK = "**Write.**"  # a markdown cell starting with this asks a written, graded answer
+ANSWER_SPACE_TAG = "answer-space"  # a cell with this tag gets an empty, ungraded answer cell
 YOUR_ANSWER = "**Your answer:** *(double-click this cell and write your answer here)*"
 DEF = re.compile(r"^(?P<indent>[ \t]*)(?:async[ \t]+)?(?:def|class)[ \t]+(?P<name>\w+)")
 HEADING = re.compile(r"^(?P<level>#{2,3})[ \t]+(?P<text>.+?)[ \t]*$")
@@ -857,7 +859,8 @@ def make_exercise(nb, solved_name: str):
                 continue  # the cell held only an answer
             cell.source = source
         cells.append(cell)
-        if is_written_question(nb.cells[index]):
+        tags = cell.metadata.get("tags", [])
+        if is_written_question(nb.cells[index]) or ANSWER_SPACE_TAG in tags:
             answer = nbformat.v4.new_markdown_cell(YOUR_ANSWER)
             answer.id = f"{cell.get('id', f'cell-{index}')}-your-answer"[:64]
             cells.append(answer)
