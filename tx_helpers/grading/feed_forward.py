@@ -22,7 +22,8 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, d_ff, 0.1),
-                              f"cls(d_model={d_model}, d_ff={d_ff}, dropout=0.1)")
+                              f"cls(d_model={d_model}, d_ff={d_ff}, dropout=0.1)",
+                              ("d_model", "d_ff", "dropout"))
         torch.manual_seed(5)
         ref = FeedForward(d_model, d_ff, 0.1).eval()
         x = torch.randn(2, 5, d_model, generator=torch.Generator().manual_seed(6))

@@ -93,7 +93,7 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
                               f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
-                              f"dropout=0.1)")
+                              f"dropout=0.1)", ("d_model", "n_heads", "d_ff", "dropout"))
         torch.manual_seed(7)
         gen = torch.Generator().manual_seed(8)
         ref = EncoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()
@@ -142,7 +142,7 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
                               f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
-                              f"dropout=0.1)")
+                              f"dropout=0.1)", ("d_model", "n_heads", "d_ff", "dropout"))
         torch.manual_seed(9)
         gen = torch.Generator().manual_seed(10)
         ref = DecoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()

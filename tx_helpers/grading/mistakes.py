@@ -141,6 +141,18 @@ MISTAKES: dict[str, tuple[str, str]] = {
                        "[:, : d_model // 2]) (the sin columns take all of them)"),
     "pe_not_buffer": ("`pe` is not a registered buffer", "self.register_buffer('pe', table): a "
                       "buffer moves with .to(), is saved in state_dict and is never trained"),
+    "pe_frequency": ("a column of the table has the wrong frequency",
+                     "angle = pos / 10000^(2i/d_model): one frequency per pair of columns "
+                     "(2i, 2i+1), base 10000, exponent 2i/d_model"),
+    "pe_phase": ("a column of the table is sin where cos belongs (or the positions are "
+                 "shifted)", "pe[:, 0::2] = sin(pos * freq); pe[:, 1::2] = cos(pos * freq), "
+                 "with pos = torch.arange(max_len) starting at 0"),
+    "pe_amplitude": ("a column of the table is scaled: sin and cos have amplitude 1",
+                     "store sin(angle) and cos(angle) as they are"),
+    "pe_column_wrong": ("a column of the table is not a sinusoid of the position",
+                        "every column is sin or cos of pos / 10000^(2i/d_model)"),
+    "pe_input_changed": ("forward changes x instead of only adding the table",
+                         "return self.dropout(x + self.pe[:x.size(1)])"),
     "pe_scales_input": ("forward multiplies x by sqrt(d_model); that scaling belongs to the "
                         "embedding in the Encoder/Decoder", "return x + self.pe[:L] "
                         "(then dropout)"),

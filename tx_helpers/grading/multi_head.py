@@ -85,7 +85,8 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, n_heads, 0.1),
-                              f"cls(d_model={d_model}, n_heads={n_heads}, dropout=0.1)")
+                              f"cls(d_model={d_model}, n_heads={n_heads}, dropout=0.1)",
+                              ("d_model", "n_heads", "dropout"))
         ref = _reference_mha(d_model, n_heads)
         gen = torch.Generator().manual_seed(4)
         n, l_q, l_k = 2, 5, 7
