@@ -113,7 +113,7 @@ class MHAHeadsFirst(nn.Module):
             mask = mask.unsqueeze(1)
         nbatches = query.size(0)
         query, key, value = [lin(x).view(nbatches, -1, self.h, self.d_k).transpose(1, 2)
-                             for lin, x in zip(self.linears, (query, key, value))  # noqa: B905]
+                             for lin, x in zip(self.linears, (query, key, value), strict=False)]
         x, self.attn = attention_returning_weights(query, key, value, mask, self.dropout)
         x = x.transpose(1, 2).contiguous().view(nbatches, -1, self.h * self.d_k)
         del query, key, value
