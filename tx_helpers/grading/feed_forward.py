@@ -11,7 +11,8 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
-from .report import CheckResult, _call, _Report, _run_check
+from .localize import ffn_probe, hidden_width_probe
+from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
 
@@ -27,8 +28,14 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
         torch.manual_seed(5)
         ref = FeedForward(d_model, d_ff, 0.1).eval()
         x = torch.randn(2, 5, d_model, generator=torch.Generator().manual_seed(6))
-        copy_reference(report, module, ref, warmup=lambda m: m(x),
-                       what="attributes linear1, linear2 are nn.Linear layers", strict=True)
+        try:
+            placed = copy_reference(report, module, ref, warmup=lambda m: m(x),
+                                    what="attributes linear1, linear2 are nn.Linear layers",
+                                    strict=True)
+        except _Failed:
+            if hidden_width_probe(report, module, d_model, d_ff):
+                report.found.pop("wrong_output_shape", None)
+            raise
         out = _as_output(report, _call(report, "forward(x)", module, x.clone(),
                                        shape_hint="linear1: d_model -> d_ff, "
                                        "linear2: d_ff -> d_model"))
@@ -46,8 +53,20 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
         _deterministic(report, lambda: module(x.clone()), out)
         _compare(report, "output matches linear2(relu(linear1(x))) (eval mode)", out, ref(x),
                  axes, variant)
+        if report.only_mismatch():
+            ffn_probe(report, module, _owner(module, placed.get("linear1.weight")),
+                      _owner(module, placed.get("linear2.weight")), x)
 
     return _run_check("check_feed_forward", body, verbose, cls)
 
 
 
+
+
+def _owner(module, weight):
+    """The learner's Linear that holds ``weight`` (the tensor the reference was copied into)."""
+    if weight is None:
+        return None
+    ptr = weight.data_ptr()
+    return next((m for m in module.modules() if isinstance(m, torch.nn.Linear)
+                 and m.weight.data_ptr() == ptr and m.weight.shape == weight.shape), None)

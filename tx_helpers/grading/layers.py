@@ -16,8 +16,9 @@ from .compare import (
     _randomize_norms,
 )
 from .dropout import dropout_probe
+from .localize import layer_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
-from .weights import copy_reference
+from .weights import copy_reference, locate
 
 
 def _sublayers(x, steps, order, residual):
@@ -122,6 +123,10 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                           lambda m=m: ref(x, m), variant, axes,
                           [("self_attn", lambda s, m=m: s(x, x, x, m)),
                            ("feed_forward", lambda f: f(x))], label, _LAYER_SHAPES)
+        if report.only_mismatch():
+            _localize_layer(report, module, [("self_attn", "norm1", [(3, "mask", mask)]),
+                                             ("feed_forward", "norm2", [])], x,
+                            lambda: module(x.clone(), mask), norm_first)
         if not report.found:
             parts = [("self_attn", lambda a, h: a(h, h, h, mask), "norm1"),
                      ("feed_forward", lambda f, h: f(h), "norm2")]
@@ -196,6 +201,14 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
                           lambda t_m=t_m, m_m=m_m: ref(x, memory, t_m, m_m), variant, axes,
                           subs, label, _LAYER_SHAPES, swapped)
+        if report.only_mismatch():
+            _localize_layer(report, module, [
+                ("self_attn", "norm1", [(3, "tgt_mask", tgt_mask)]),
+                ("cross_attn", "norm2", [(1, "keys and values", memory),
+                                         (2, "keys and values", memory),
+                                         (3, "memory_mask", mem_mask)]),
+                ("feed_forward", "norm3", [])], x,
+                lambda: module(x.clone(), memory.clone(), tgt_mask, mem_mask), norm_first)
         if not report.found:
             parts = [("self_attn", lambda a, h: a(h, h, h, tgt_mask), "norm1"),
                      ("cross_attn", lambda a, h: a(h, memory, memory, mem_mask), "norm2"),
@@ -208,3 +221,19 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
 
 
 
+
+
+_ARG_NAMES = {"mask": ("mask", "attn_mask", "src_mask"), "tgt_mask": ("mask", "attn_mask",
+              "tgt_mask"), "memory_mask": ("mask", "attn_mask", "memory_mask", "src_mask"),
+              "keys and values": ("key", "value", "k", "v", "memory")}
+
+
+def _localize_layer(report, module, parts, x, run, norm_first) -> None:
+    """Hooks on the learner's own sublayers: where does the residual stream first go wrong?"""
+    steps = []
+    for name, norm_name, checks in parts:
+        sub = locate(module, name)[0]
+        norm = locate(module, norm_name)[0]
+        steps.append((name, sub, norm, [(pos, _ARG_NAMES[label], label, t)
+                                        for pos, label, t in checks]))
+    layer_probe(report, module, steps, x, run, norm_first)
