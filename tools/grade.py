@@ -50,6 +50,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from tx_helpers.grading.marks import check_options
+
 MARK = "@@TX_GRADES@@"
 META_KEY = "tx_exercise"
 COLLECT = """\
@@ -57,6 +59,7 @@ import json as _json
 import tx_helpers.grading as _grading
 _names = {names!r}
 _points = {points!r}
+_options = {options!r}
 if _names is None:
     _names = [_n for _n, _o in list(globals().items()) if not _n.startswith("_")
               and getattr(_o, "__module__", None) == "__main__"]
@@ -67,7 +70,8 @@ for _n in _names:
     _found = _grading.find_checks({{_n: globals()[_n]}}, module=None)
     if not _found:
         continue
-    _m = _grading.mark_exercise(_n, globals()[_n], points=_points.get(_n, 1), verbose=False)
+    _m = _grading.mark_exercise(_n, globals()[_n], points=_points.get(_n, 1), verbose=False,
+                                **_options.get(_n, {{}}))
     _d = _m.as_dict()
     _d.pop("result")
     _records.append(dict(_m.result.as_dict(), label=_found[0][0], mark=_d))
@@ -113,8 +117,11 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
     n_cells = len(nb.cells)
     names = sorted(exercises) if exercises else None
     points = {name: max(1, len(items)) for name, items in exercises.items()}
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    options = {name: check_options(code, name) for name in exercises}
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
-        names=names, mark=MARK, points=points, prediction_points=prediction_points)))
+        names=names, mark=MARK, points=points, options=options,
+        prediction_points=prediction_points)))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute()

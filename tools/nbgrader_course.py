@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import make_exercises as mx  # noqa: E402
 from grade import defined_names  # noqa: E402
 
+from tx_helpers.grading import check_options  # noqa: E402
+
 SCHEMA = 3
 CONFIG = '''\
 # nbgrader configuration for the Transformer labs (written by tools/nbgrader_course.py).
@@ -58,7 +60,7 @@ TEST_CELL = '''\
 # Autograded ({points:g} point{s}): {items}.
 # The check prints what is wrong and how to fix it; the last line is the score.
 import tx_helpers.grading as _grading
-_mark = _grading.mark_exercise({name!r}, {name}, points={points!r})
+_mark = _grading.mark_exercise({name!r}, {name}, points={points!r}{options})
 _mark.score'''
 PREDICTION_TAIL = '''
 # Autograded ({points:g} point): the prediction above; the last line is the score.
@@ -131,6 +133,7 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
         items_by_cell.setdefault(item["cell"], []).append(item)
     stem = path.stem
     cells, total, counter = [], 0.0, 0
+    all_code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
 
     def gid(kind: str) -> str:
         nonlocal counter
@@ -161,8 +164,10 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
                     continue
                 points = float(len(items))
                 total += points
+                options = "".join(f", {k}={v!r}" for k, v in check_options(
+                    all_code, name).items())
                 source = TEST_CELL.format(
-                    points=points, s="" if points == 1 else "s", name=name,
+                    points=points, s="" if points == 1 else "s", name=name, options=options,
                     items=", ".join(f"{i['number']}. {i['name']}" for i in items))
                 if hidden:  # the exercise cell's hidden tests run here, hidden from students
                     head, last = source.rsplit("\n", 1)

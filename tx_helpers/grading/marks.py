@@ -174,6 +174,18 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
         label, run = _choose_check(exercise, obj)
         check_name = label.split("(")[0]
         runner = run
+        if check_kwargs:  # the exercise's own options, e.g. odd_d_model=True
+            from . import discovery
+
+            fn = getattr(discovery, check_name)
+            if check_name == "check_masks":
+                slot = label.split("(", 1)[1].split("=", 1)[0]
+
+                def runner(verbose=False):
+                    return fn(**{slot: obj}, verbose=verbose, **check_kwargs)
+            else:
+                def runner(verbose=False):
+                    return fn(obj, verbose=verbose, **check_kwargs)
     else:
         check_name = getattr(check, "__name__", getattr(getattr(check, "func", None),
                                                         "__name__", ""))
@@ -204,3 +216,31 @@ def mark_predictions(results: list[CheckResult] | None = None, points_each: floa
     for r in results:
         last[r.subject] = r
     return [mark_result(f"prediction: {name}", r, points_each) for name, r in last.items()]
+
+
+def check_options(source: str, name: str) -> dict:
+    """Keyword options a notebook passes when it checks ``name`` itself, such as
+    ``check_positional_encoding(positional_table, odd_d_model=True)``: literal values only,
+    so the graded run asks what the exercise asked."""
+    options: dict = {}
+    try:
+        tree = ast.parse("\n".join(line for line in source.split("\n")
+                                   if not line.lstrip().startswith(("%", "!"))))
+    except SyntaxError:
+        return options
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and (getattr(node.func, "attr", "") or getattr(
+                node.func, "id", "")).startswith("check_")):
+            continue
+        names = [a.id for a in node.args if isinstance(a, ast.Name)]
+        names += [k.value.id for k in node.keywords if isinstance(k.value, ast.Name)]
+        if name not in names:
+            continue
+        for kw in node.keywords:
+            if kw.arg in (None, "verbose") or isinstance(kw.value, ast.Name):
+                continue
+            try:
+                options[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError:
+                continue
+    return options
