@@ -466,6 +466,15 @@ def layer_probe(report: _Report, module, steps, x, final, norm_first: bool) -> b
                                f"self.{name} (seen through a forward hook)")
                 return True
             key, text = _residual_form(got, stream, s, norm, norm_first, wrap, norms)
+            if key == "residual_wrong" and norm_first:
+                ratio = _ratio(got, wrap(stream_next))
+                report.mistake("sublayer_input_wrong", f"self.{nxt_name} (sublayer {i + 2}) "
+                               "receives something other than its LayerNorm applied to the "
+                               f"stream x + self.{name}(...)"
+                               + (f" (it is that tensor x {ratio.split(' times')[0]})"
+                                  if "times" in ratio else "")
+                               + " (seen through a forward hook)")
+                return True
             report.mistake(key, f"after self.{name}, the stream is {text} (seen through the "
                            f"input of self.{nxt_name}, sublayer {i + 2})")
             return True
