@@ -3,14 +3,24 @@
 Written without reading ``tx_helpers/grading`` or its tests, to measure how often the
 ``tx.grading.check_*`` functions name a mistake they were not written for. Each buggy
 block below is correct code with one change, written the way a learner would write it;
-most changes come from public bug reports on tutorials and from-scratch implementations
-(the source is named next to each one), the rest from the article's own pitfalls.
+many changes come from public bug reports on tutorials and from-scratch implementations.
 
+Where a change comes from a public report, the comment above the buggy code names the
+repository and issue; "defect N" refers to docs/defects.md (the article's own pitfalls).
 This is a plain module: the grading helper writes the test.
+``python tests/unseen_mistakes_selfcheck.py`` checks the entries against ``tx`` without
+the grading code: every CORRECT entry equals tx with the same weights, every UNSEEN entry
+differs from it or raises.
 
 ``UNSEEN``: dicts ``{"id", "block", "make", "what", "words"}``.
 ``CORRECT``: dicts ``{"id", "block", "make"}``, correct code in layouts that differ from
 the project's; every one must pass its check.
+
+Four mistakes raise instead of returning numbers whenever the lengths differ, as they
+would for a learner: ``mha_key_from_query`` (cross-attention with L_k != L_q),
+``dec_cross_query_from_memory`` and ``dec_cross_keys_from_decoder`` (L_src != L_tgt),
+``decoder_mask_batch_size`` (N != L). Two only show in training mode:
+``ffn_dropout_on_output`` and ``enc_dropout_on_residual_stream``.
 
 ``make()`` returns what the check named by ``block`` takes:
 
@@ -469,6 +479,12 @@ class MHAMaskedFillDiscarded(MyMHA):
 def padding_mask_keep_convention(seq, pad_idx):
     # Hugging Face's attention_mask convention (True/1 = real token) where True = masked is asked
     return (seq != pad_idx).unsqueeze(1)
+
+
+def padding_mask_article_square(seq, pad_idx):
+    # the article's padding mask (defect 4): the key row copied for every query, (N, L, L);
+    # fine for encoder self-attention, wrong shape for cross-attention (L_tgt queries)
+    return (seq == pad_idx).unsqueeze(1).expand(-1, seq.size(1), -1)
 
 
 def lookahead_allowed_convention(size):
@@ -1060,6 +1076,11 @@ UNSEEN = [
            "The padding mask is True on real tokens (the attend convention) where True must "
            "mean padding, do not attend.",
            ["inverted", "real token", "opposite", "true"]),
+    _entry("padding_mask_article_square", "masks",
+           lambda: {"padding_fn": padding_mask_article_square},
+           "The padding mask is (N, L, L), one copy of the key row per source query, instead "
+           "of (N, 1, L), so it cannot serve cross-attention with L_tgt queries.",
+           ["shape", "(n, 1, l)", "cross", "query axis"]),
     _entry("lookahead_allowed_convention", "masks",
            lambda: {"lookahead_fn": lookahead_allowed_convention},
            "The look-ahead mask is True on and below the diagonal (allowed positions) instead "

@@ -128,9 +128,11 @@ def run_masks(kw):
     ok = True
     if "padding_fn" in kw:
         m = kw["padding_fn"](seq, PAD)
-        ok &= m.dtype == torch.bool and torch.equal(
-            torch.broadcast_to(m.reshape(N, 1, 1, 6) if m.numel() == N * 6 else m, (N, 1, 6, 6)),
-            torch.broadcast_to(tx.padding_mask(seq, PAD).unsqueeze(1), (N, 1, 6, 6)))
+        m = m[:, 0] if m.dim() == 4 else m  # (N, 1, 1, L) -> (N, 1, L)
+        ok &= m.dtype == torch.bool and m.dim() == 3 and torch.equal(
+            torch.broadcast_to(m, (N, 6, 6)),
+            torch.broadcast_to(tx.padding_mask(seq, PAD), (N, 6, 6)))
+        ok &= m.size(1) == 1  # one row for every query, so it serves cross-attention too
     if "lookahead_fn" in kw:
         m = kw["lookahead_fn"](6)
         ok &= m.dtype == torch.bool and torch.equal(
