@@ -1021,10 +1021,10 @@ UNSEEN = [
     _entry("pe_one_row_for_all", "positional_encoding", lambda: PEOneRow,
            "pe[:, L, :] instead of pe[:, :L, :]: the row of position L is added to every "
            "position.",
-           ["every position", "same", "one row", "constant", "slice"]),
+           ["every position", "one row", "same row", "constant", "slice"]),
     _entry("pe_sin_in_odd_columns", "positional_encoding", lambda: pe_sin_everywhere,
            "The odd columns hold sin instead of cos (copy-paste).",
-           ["cos", "odd column", "odd columns", "sin"]),
+           ["cos", "cosine", "odd column", "odd columns"]),
     _entry("pe_stack_wrong_dim", "positional_encoding", lambda: pe_stack_wrong_dim,
            "sin and cos are stacked on dim 1 before the view, so the table holds all sines "
            "then all cosines instead of interleaving them column by column.",
@@ -1037,18 +1037,18 @@ UNSEEN = [
     _entry("attn_bool_mask_added", "attention", lambda: attn_mask_added,
            "The bool mask is added to the scores (+1 on masked keys) instead of filling them "
            "with a large negative number.",
-           ["mask", "added", "additive", "masked"]),
+           ["added", "additive", "+1", "masked_fill"]),
     _entry("attn_fill_positive", "attention", lambda: attn_fill_positive,
            "Masked scores are filled with +1e9 instead of -1e9, so the masked keys get all "
            "the weight.",
-           ["mask", "sign", "masked", "positive"]),
+           ["sign", "positive", "+1e9", "masked keys get"]),
     _entry("attn_scale_after_softmax", "attention", lambda: attn_scale_after_softmax,
            "The weights are divided by sqrt(d_k) after the softmax instead of the scores "
            "before it, so they no longer sum to 1.",
-           ["scale", "after", "softmax", "sum to 1", "sqrt"]),
+           ["after the softmax", "scale", "sum to 1", "sqrt"]),
     _entry("attn_log_softmax", "attention", lambda: attn_log_softmax,
            "log_softmax is used instead of softmax, so the weights are log-probabilities.",
-           ["log", "softmax", "sum to 1", "negative"]),
+           ["log_softmax", "log-probabilities", "log probabilities", "sum to 1", "negative"]),
     # multi-head attention
     _entry("mha_merge_permute_order", "multi_head_attention", lambda: MHAMergePermute,
            "The heads are merged with permute(0, 2, 3, 1), so the features of a position are "
@@ -1061,44 +1061,44 @@ UNSEEN = [
     _entry("mha_key_from_query", "multi_head_attention", lambda: MHAKeyFromQuery,
            "The keys are projected from the query input (w_k(query)), which only matters "
            "when key differs from query, as in cross-attention.",
-           ["key", "query", "cross"]),
+           ["keys from the query", "w_k(query)", "key input", "key tensor"]),
     _entry("mha_mask_repeat_order", "multi_head_attention", lambda: MHAFlatBatchMaskRepeat,
            "Heads are folded into the batch as n*H + h, but the mask is repeated as h*N + n, "
            "so batch rows get each other's padding masks.",
-           ["mask", "batch", "row", "repeat"]),
+           ["repeat", "batch row", "other row", "wrong row", "mask order"]),
     _entry("mha_masked_fill_discarded", "multi_head_attention", lambda: MHAMaskedFillDiscarded,
            "scores.masked_fill(...) returns a new tensor that is thrown away, so the mask has "
            "no effect.",
-           ["mask", "ignored", "no effect", "not applied"]),
+           ["ignored", "no effect", "not applied", "masked_fill"]),
     # masks
     _entry("padding_mask_keep_convention", "masks",
            lambda: {"padding_fn": padding_mask_keep_convention},
            "The padding mask is True on real tokens (the attend convention) where True must "
            "mean padding, do not attend.",
-           ["inverted", "real token", "opposite", "true"]),
+           ["inverted", "real token", "opposite", "flipped"]),
     _entry("padding_mask_article_square", "masks",
            lambda: {"padding_fn": padding_mask_article_square},
            "The padding mask is (N, L, L), one copy of the key row per source query, instead "
            "of (N, 1, L), so it cannot serve cross-attention with L_tgt queries.",
-           ["shape", "(n, 1, l)", "cross", "query axis"]),
+           ["(n, 1, l)", "(n, l, l)", "query axis", "cross-attention"]),
     _entry("lookahead_allowed_convention", "masks",
            lambda: {"lookahead_fn": lookahead_allowed_convention},
            "The look-ahead mask is True on and below the diagonal (allowed positions) instead "
            "of strictly above it.",
-           ["inverted", "allowed", "opposite", "below", "diagonal"]),
+           ["inverted", "allowed", "opposite", "below the diagonal", "lower triangle"]),
     _entry("decoder_mask_pad_on_queries", "masks",
            lambda: {"decoder_fn": decoder_mask_pad_on_queries},
            "The target padding is put on the query axis (N, L, 1), so pad keys stay visible "
            "and pad query rows are blanked.",
-           ["query", "queries", "key", "axis"]),
+           ["query axis", "pad queries", "pad keys", "rows"]),
     _entry("decoder_mask_batch_size", "masks", lambda: {"decoder_fn": decoder_mask_size0},
            "The look-ahead part is built with tgt.size(0), the batch size, instead of the "
            "target length tgt.size(1).",
-           ["size(0)", "batch", "length"]),
+           ["size(0)", "batch size", "batch"]),
     _entry("decoder_mask_transposed", "masks", lambda: {"decoder_fn": decoder_mask_transposed},
            "The combined mask is built as (key, query) and so is transposed: queries see the "
            "future and not the past, and pad rows instead of pad keys are masked.",
-           ["transpose", "future", "past", "lower"]),
+           ["transpose", "sees the future", "masks the past", "past"]),
     # feed-forward
     _entry("ffn_hidden_d_model", "feed_forward", lambda: FFNHiddenDModel,
            "The hidden layer is d_model wide; d_ff is ignored.",
@@ -1106,54 +1106,54 @@ UNSEEN = [
     _entry("ffn_dropout_on_output", "feed_forward", lambda: FFNDropoutOnOutput,
            "Dropout acts on the output of linear2 instead of on the hidden activations "
            "(visible only in training mode).",
-           ["dropout", "output", "hidden"]),
+           ["dropout on the output", "hidden", "after linear2", "dropout position"]),
     _entry("ffn_no_bias", "feed_forward", lambda: FFNNoBias,
            "Both Linear layers are built with bias=False.",
            ["bias", "bias=false"]),
     _entry("ffn_relu_on_input", "feed_forward", lambda: FFNReluOnInput,
            "The ReLU is applied to the input before linear1 instead of between linear1 and "
            "linear2.",
-           ["relu", "activation", "input", "before"]),
+           ["relu", "activation", "before linear1", "on the input"]),
     # encoder layer
     _entry("enc_ffn_residual_from_input", "encoder_layer", lambda: EncFFNResidualFromInput,
            "The FFN sublayer's residual adds the layer's input x instead of the output of the "
            "attention sublayer.",
-           ["residual", "input", "skip"]),
+           ["residual", "layer's input", "skip"]),
     _entry("enc_ffn_reads_unnormalised", "encoder_layer", lambda: EncFFNOnUnnormalised,
            "The FFN reads the attention sum before norm1 instead of norm1's output.",
-           ["norm1", "feed_forward", "unnormali", "before"]),
+           ["norm1", "unnormali", "before norm1", "ffn input"]),
     _entry("enc_layernorm_shared", "encoder_layer", lambda: EncSharedNorm,
            "norm1 is used after both sublayers; norm2 is never used.",
-           ["norm2", "norm1", "shared", "same layernorm", "not used"]),
+           ["norm2", "shared", "same layernorm", "not used", "twice"]),
     _entry("enc_dropout_on_residual_stream", "encoder_layer", lambda: EncDropoutOnResidual,
            "Dropout is applied to the residual stream (the skip path x) instead of to the "
            "sublayer's output.",
-           ["dropout", "residual"]),
+           ["residual stream", "skip path", "dropout on the residual", "residual"]),
     _entry("enc_residual_from_normed_input", "encoder_layer", lambda: EncResidualFromNormed,
            "Each residual starts from the normalised input (h = norm(x); h + sublayer(h)) "
            "instead of adding the sublayer to x and normalising the sum.",
-           ["residual", "normalis", "normaliz", "norm1"]),
+           ["normalised input", "normalized input", "residual", "pre-ln"]),
     _entry("enc_attention_mask_inverted", "encoder_layer", lambda: EncInvertedMaskAttention,
            "The layer's own attention fills where mask == 0, reading True as 'attend', so "
            "only the padding is attended to.",
-           ["mask", "inverted", "opposite", "padding"]),
+           ["inverted", "opposite", "== 0", "only to padding"]),
     _entry("enc_annotated_layernorm", "encoder_layer", lambda: EncAnnotatedLayerNorm,
            "A hand-written LayerNorm (a_2, b_2) uses the unbiased std and adds eps to the std "
            "instead of nn.LayerNorm's biased variance with eps inside the square root.",
-           ["layernorm", "std", "unbiased", "variance", "norm1"]),
+           ["layernorm", "std", "unbiased", "variance", "eps"]),
     # decoder layer
     _entry("dec_cross_query_from_memory", "decoder_layer", lambda: DecCrossQueryFromMemory,
            "Cross-attention takes its queries from the encoder memory and its keys and values "
            "from the decoder state, the roles reversed.",
-           ["cross", "queries", "memory", "keys"]),
+           ["queries", "roles", "reversed", "swapped"]),
     _entry("dec_cross_keys_from_decoder", "decoder_layer", lambda: DecCrossKeysFromDecoder,
            "Cross-attention takes its keys from the decoder state x; only the values come "
            "from the encoder memory.",
-           ["cross", "keys", "key", "memory"]),
+           ["keys", "key input", "decoder state"]),
     _entry("dec_cross_residual_from_input", "decoder_layer", lambda: DecCrossResidualFromInput,
            "The cross-attention sublayer's residual adds the layer's input instead of the "
            "self-attention sublayer's output.",
-           ["residual", "input", "cross"]),
+           ["residual", "layer's input", "skip"]),
     _entry("dec_ignores_tgt_mask", "decoder_layer", lambda: DecOwnCausalMask,
            "Self-attention uses a look-ahead mask the layer builds itself and ignores "
            "tgt_mask, so target padding is never masked.",
@@ -1161,7 +1161,7 @@ UNSEEN = [
     _entry("dec_cross_query_raw_attention", "decoder_layer", lambda: DecCrossQueryFromAttnOutput,
            "Cross-attention's queries are the raw self-attention output instead of the "
            "normalised residual stream after norm1.",
-           ["cross", "query", "queries", "self-attention output", "norm1"]),
+           ["queries", "self-attention output", "raw", "norm1"]),
     # full model
     _entry("tf_scale_after_positions", "transformer", lambda: TFScaleAfterPE,
            "The embeddings are multiplied by sqrt(d_model) after the positional encoding was "
@@ -1170,27 +1170,27 @@ UNSEEN = [
     _entry("tf_encoder_layers_shared", "transformer", lambda: TFEncoderLayersShared,
            "The encoder's ModuleList is built as [layer] * n_layers, so all encoder layers are "
            "one module with one set of weights.",
-           ["shared", "same", "layers", "one layer", "copies"]),
+           ["shared", "same module", "one layer", "copies", "same weights"]),
     _entry("tf_encoder_layers_not_chained", "transformer", lambda: TFEncoderLoopNotChained,
            "The encoder loop feeds the embeddings to every layer (out = layer(x)), so only the "
            "last layer's output reaches the memory.",
-           ["layer", "layers", "loop", "encoder"]),
+           ["loop", "chained", "only the last layer", "previous layer"]),
     _entry("tf_decoder_no_positions", "transformer", lambda: TFDecoderNoPositions,
            "The decoder adds no positional encoding to the target embeddings.",
-           ["positional", "position", "decoder"]),
+           ["positional encoding", "positional", "pos_encoding"]),
     # label smoothing
     _entry("ls_raw_logits", "label_smoothing", lambda: ls_raw_logits,
            "The smoothed target is multiplied with the raw logits; log_softmax is missing.",
-           ["log_softmax", "logits", "log"]),
+           ["log_softmax", "log-softmax", "raw logits", "log"]),
     _entry("ls_one_over_v", "label_smoothing", lambda: ls_uniform_one_over_v,
            "The uniform part is 1/V instead of eps/V, so the target sums to 2 - eps.",
-           ["eps / v", "1 / v", "eps/v", "1/v", "sum"]),
+           ["eps / v", "1 / v", "eps/v", "1/v"]),
     _entry("ls_sign_flipped", "label_smoothing", lambda: ls_sign_flipped,
            "The minus sign of the cross-entropy is missing: the loss is negative.",
            ["sign", "negative", "minus"]),
     _entry("ls_pad_keep_inverted", "label_smoothing", lambda: ls_pad_keep_inverted,
            "The keep mask is inverted (target == pad_idx): only the pad positions are averaged.",
-           ["pad", "inverted", "non-pad", "only"]),
+           ["inverted", "only pad", "pad positions", "non-pad"]),
     _entry("ls_eps_swapped", "label_smoothing", lambda: ls_eps_swapped,
            "eps and 1 - eps are swapped: the true class gets eps and the uniform part "
            "(1 - eps)/V.",
@@ -1203,38 +1203,38 @@ UNSEEN = [
     _entry("greedy_stops_on_row0", "greedy_decode", lambda: greedy_stops_on_row0,
            "The loop stops as soon as row 0 produces EOS, even if other rows have not "
            "finished.",
-           ["row 0", "first row", "stop", "every row", "finished"]),
+           ["row 0", "first row", "every row", "finished"]),
     _entry("greedy_eos_after_eos", "greedy_decode", lambda: greedy_eos_after_eos,
            "Finished rows are filled with EOS instead of PAD.",
-           ["pad", "after eos", "eos"]),
+           ["pad after", "after eos", "filled with eos", "instead of pad"]),
     _entry("greedy_samples", "greedy_decode", lambda: greedy_samples,
            "Tokens are sampled from the softmax (torch.multinomial) instead of taken by argmax.",
            ["argmax", "sampl", "random", "multinomial"]),
     _entry("greedy_encoder_unmasked", "greedy_decode", lambda: greedy_encoder_unmasked,
            "The memory comes from model.encoder(src) without the source mask, so the encoder "
            "attends to padding (the decoder still gets the mask).",
-           ["source mask", "src_mask", "encoder", "padding"]),
+           ["source mask", "src_mask", "encoder mask", "source padding"]),
     _entry("greedy_exclude_with_zero", "greedy_decode", lambda: greedy_exclude_with_zero,
            "PAD and BOS are excluded by setting their logits to 0 instead of -inf, so they "
            "can still win the argmax.",
-           ["pad", "bos", "excluded", "-inf", "never predicted"]),
+           ["excluded", "-inf", "never predicted", "pad or bos", "pad/bos"]),
     # training step
     _entry("step_clip_by_value", "train_step", lambda: step_clip_by_value,
            "The gradients are clipped element-wise with clip_grad_value_ instead of by their "
            "global norm.",
-           ["clip", "value", "norm"]),
+           ["clip_grad_value", "by value", "element-wise", "elementwise"]),
     _entry("step_grad_norm_summed", "train_step", lambda: step_norm_summed,
            "The reported grad_norm is the sum of the per-tensor norms instead of the global "
            "L2 norm.",
-           ["grad_norm", "norm", "sum"]),
+           ["sum of", "per-tensor", "global norm", "grad_norm"]),
     _entry("step_clip_after_step", "train_step", lambda: step_clip_after_step,
            "The gradients are clipped after optimizer.step(), so the update used the "
            "unclipped gradients.",
-           ["clip", "after", "order", "before"]),
+           ["after optimizer.step", "after the step", "order", "unclipped"]),
     _entry("step_loss_over_ntokens", "train_step", lambda: step_loss_over_ntokens,
            "The averaged loss is divided again by the number of target tokens, shrinking the "
            "loss and the gradients.",
-           ["loss", "tokens", "divided", "scale"]),
+           ["divided", "number of tokens", "ntokens", "loss scale", "twice"]),
 ]
 
 
