@@ -1028,7 +1028,7 @@ UNSEEN = [
     _entry("pe_stack_wrong_dim", "positional_encoding", lambda: pe_stack_wrong_dim,
            "sin and cos are stacked on dim 1 before the view, so the table holds all sines "
            "then all cosines instead of interleaving them column by column.",
-           ["interleav", "concatenat", "column", "cos"]),
+           ["interleav", "concatenat", "first half", "sines first"]),
     # attention
     _entry("attn_scale_from_size1", "attention", lambda: attn_scale_by_size1,
            "d_k is read as q.size(1), which is not the feature axis, so the scores are "
@@ -1053,11 +1053,11 @@ UNSEEN = [
     _entry("mha_merge_permute_order", "multi_head_attention", lambda: MHAMergePermute,
            "The heads are merged with permute(0, 2, 3, 1), so the features of a position are "
            "ordered (d_k, H) instead of (H, d_k).",
-           ["merge", "order", "heads", "permute"]),
+           ["merge", "merged", "order", "permute"]),
     _entry("mha_split_strided", "multi_head_attention", lambda: MHAStridedHeads,
            "The split views the features as (d_k, H), so head h gets the strided features "
            "h, H + h, ... instead of a contiguous block (the merge undoes it exactly).",
-           ["split", "heads", "strided", "contiguous", "interleav"]),
+           ["split", "strided", "contiguous block", "interleav"]),
     _entry("mha_key_from_query", "multi_head_attention", lambda: MHAKeyFromQuery,
            "The keys are projected from the query input (w_k(query)), which only matters "
            "when key differs from query, as in cross-attention.",
