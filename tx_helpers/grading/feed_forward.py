@@ -36,6 +36,11 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
             if hidden_width_probe(report, module, d_model, d_ff):
                 report.found.pop("wrong_output_shape", None)
             raise
+        no_bias = [n for n in ("linear1", "linear2") if n + ".bias" not in placed]
+        if no_bias:  # the paper's FFN is max(0, x W1 + b1) W2 + b2
+            report.probe(False, "linear1 and linear2 have biases (b1, b2 in the paper's "
+                         "FFN(x) = max(0, x W1 + b1) W2 + b2)")
+            report.mistake("ffn_no_bias", f"{' and '.join(no_bias)} built with bias=False")
         out = _as_output(report, _call(report, "forward(x)", module, x.clone(),
                                        shape_hint="linear1: d_model -> d_ff, "
                                        "linear2: d_ff -> d_model"))

@@ -73,8 +73,8 @@ def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, w
             got = None
         if not _close(got, call(getattr(ref, name))):
             report.mistake("submodule_differs", f"self.{name} alone gives other numbers than "
-                           f"the reference", f"run the check for {name} first "
-                           f"(check_multi_head_attention / check_feed_forward)")
+                           f"the reference" + _sub_diagnosis(name, mine), f"run the check for "
+                           f"{name} first (check_multi_head_attention / check_feed_forward)")
 
 
 _LAYER_SHAPES = ("x (N, L_tgt, d_model), memory (N, L_src, d_model); self-attention gets "
@@ -237,3 +237,18 @@ def _localize_layer(report, module, parts, x, run, norm_first) -> None:
         steps.append((name, sub, norm, [(pos, _ARG_NAMES[label], label, t)
                                         for pos, label, t in checks]))
     layer_probe(report, module, steps, x, run, norm_first)
+
+
+def _sub_diagnosis(name: str, mine) -> str:
+    """What the submodule's own check says about its class (its first diagnosis), if any."""
+    from .feed_forward import check_feed_forward
+    from .multi_head import check_multi_head_attention
+
+    check = check_feed_forward if name == "feed_forward" else check_multi_head_attention
+    try:
+        result = check(type(mine), verbose=False)
+    except Exception:  # noqa: BLE001 - the sub-check is extra information only
+        return ""
+    first = next((m for m in result.messages if m.startswith("Diagnosis: ")), "")
+    return (f"; its class, checked alone by {result.name}, shows: {first[len('Diagnosis: '):]}"
+            if first and not result.passed else "")

@@ -96,6 +96,11 @@ def localize_attention(report: _Report, attend, where: str = "") -> bool:
         return False
     out = out.reshape(n_q, d).double()
     w, rest = out[:, :n_k], out[:, n_k:]
+    if float(rest.abs().max()) <= 1e-4 and float(w.max()) <= 1e-6 and torch.allclose(
+            w.exp().sum(-1), torch.ones(n_q, dtype=w.dtype), atol=1e-4):
+        report.mistake("attention_log_weights", f"{pre}, the weights are all <= 0 and "
+                       "exp(weights) sums to 1 over the keys: log_softmax where softmax belongs")
+        return True
     if float(rest.abs().max()) > 1e-4 or float(w.min()) < -1e-5:
         report.mistake("attention_values_wrong", f"{pre}, the output is not a mix of the value "
                        "rows: the weights must multiply v (and nothing else) last")
@@ -543,6 +548,10 @@ def model_probe(report: _Report, module, ref, src, tgt, src_mask, tgt_mask, run)
         if not isinstance(layers, (nn.ModuleList, nn.Sequential)) or len(layers) != len(
                 getattr(ref, side).layers):
             return False
+        if len({id(layer) for layer in layers}) < len(layers):
+            report.mistake("layers_shared", f"the {side}'s {len(layers)} layers are "
+                           f"{len({id(layer) for layer in layers})} distinct module(s)")
+            return True
         for i, layer in enumerate(layers):
             mods[f"{side}.layers.{i}"] = layer
         mods[f"{side}.norm"] = locate(stack, "norm")[0]

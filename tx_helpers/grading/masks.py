@@ -31,6 +31,11 @@ def _match_mask(report: _Report, what: str, got: torch.Tensor, expected: torch.T
         if got.shape == cand.shape and bool((got == cand).all()):
             report.mistake(key)
             return False
+    if got.shape == expected.shape and got.dim() >= 2 and torch.equal(
+            got, expected.transpose(-2, -1)) and not torch.equal(got, expected):
+        report.mistake("mask_transposed", "it equals the expected mask with its last two axes "
+                       "swapped")
+        return False
     if got.shape == expected.shape and got.dim() >= 2:
         diff = (got != expected).nonzero()
         idx = tuple(int(i) for i in diff[0][:-1])

@@ -133,6 +133,19 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "layer_mask_differs": ("a layer is given a mask that hides other positions than it should",
                            "encoder layers: the source padding mask; decoder self-attention: "
                            "padding OR look-ahead"),
+    "ffn_no_bias": ("the feed-forward's Linears have no bias; the paper's FFN(x) = "
+                    "max(0, x W1 + b1) W2 + b2 has both", "nn.Linear(d_model, d_ff) (bias=True "
+                    "is the default)"),
+    "layers_shared": ("the stack repeats one layer object: every layer shares the same weights",
+                      "build N separate layers: nn.ModuleList([Layer(...) for _ in range(N)]) "
+                      "(copy.deepcopy of a template also works)"),
+    "pe_same_rows": ("every position gets the same row of the table: the position is not used",
+                     "angle = position * frequency, with position = torch.arange(max_len) as a "
+                     "column (max_len, 1)"),
+    "attention_log_weights": ("the attention weights are log-probabilities (log_softmax), not "
+                              "probabilities", "weights = torch.softmax(scores, dim=-1)"),
+    "mask_transposed": ("the mask is transposed: it hides queries where it should hide keys "
+                        "(or the reverse)", "keep (N, L_q, L_k): query rows, key columns"),
     "layernorm_missing": ("a LayerNorm is missing after a sublayer's residual add",
                           "x = norm(x + dropout(sublayer(x))) for every sublayer"),
     "residual_doubled": ("a sublayer's output is added to the stream twice",

@@ -130,6 +130,9 @@ def _describe_columns(report: _Report, table: torch.Tensor, d_model: int,
     """Read each column's frequency, phase and amplitude off the table and name the first
     columns that differ from sin/cos(pos / 10000^(2i/d_model)). Returns whether it named one."""
     table = table.detach().double()
+    if table.shape[0] > 1 and torch.allclose(table, table[:1].expand_as(table), atol=1e-6):
+        report.mistake("pe_same_rows", f"in {what}, all {table.shape[0]} rows are equal")
+        return True
     found = []
     bases = []
     for col in range(table.shape[1]):
