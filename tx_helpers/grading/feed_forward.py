@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from ..layers import FeedForward
 from .compare import (
     _as_output,
+    _close,
     _compare,
     _deterministic,
     _instantiate,
@@ -58,9 +59,12 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
         _deterministic(report, lambda: module(x.clone()), out)
         _compare(report, "output matches linear2(relu(linear1(x))) (eval mode)", out, ref(x),
                  axes, variant)
+        lin1 = _owner(module, placed.get("linear1.weight"))
+        lin2 = _owner(module, placed.get("linear2.weight"))
         if report.only_mismatch():
-            ffn_probe(report, module, _owner(module, placed.get("linear1.weight")),
-                      _owner(module, placed.get("linear2.weight")), x)
+            ffn_probe(report, module, lin1, lin2, x)
+        if not report.found and lin1 is not None and lin2 is not None:
+            _dropout_placement(report, module, lin1, lin2, x)
 
     return _run_check("check_feed_forward", body, verbose, cls)
 
@@ -75,3 +79,40 @@ def _owner(module, weight):
     ptr = weight.data_ptr()
     return next((m for m in module.modules() if isinstance(m, torch.nn.Linear)
                  and m.weight.data_ptr() == ptr and m.weight.shape == weight.shape), None)
+
+
+def _dropout_placement(report: _Report, module, lin1, lin2, x) -> None:
+    """Train mode, dropout replaced by a fixed per-feature scaling: where does it act?
+
+    On the hidden activations (tx's choice) or nowhere (the paper drops only the sublayer's
+    output, in the layer around it) passes; on the output or the input is named.
+    """
+    from .dropout import _drop, stand_in
+
+    def ffn(h_drop=False, out_drop=False, in_drop=False):
+        h = F.relu(lin1(_drop(x) if in_drop else x))
+        y = lin2(_drop(h) if h_drop else h)
+        return _drop(y) if out_drop else y
+
+    module.train()
+    try:
+        with stand_in():
+            try:
+                got = _as_output(report, module(x.clone()))
+            except Exception:  # noqa: BLE001 - eval mode worked: no verdict here
+                return
+            if any(_close(got, ffn(**kw)) for kw in ({"h_drop": True}, {})):
+                return
+            for kw, where in (({"out_drop": True}, "on the output of linear2"),
+                              ({"h_drop": True, "out_drop": True}, "on the hidden layer and "
+                               "again on the output"),
+                              ({"in_drop": True}, "on the input x")):
+                if _close(got, ffn(**kw)):
+                    report.probe(False, "in train mode, dropout acts on the hidden layer only "
+                                 "(seen through a fixed stand-in for dropout)")
+                    report.mistake("ffn_dropout_position", where)
+                    return
+            report.note("in train mode the output differs from the usual dropout placements "
+                        "although eval mode matches: check where dropout is applied")
+    finally:
+        module.eval()

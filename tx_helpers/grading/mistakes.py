@@ -146,6 +146,10 @@ MISTAKES: dict[str, tuple[str, str]] = {
                               "probabilities", "weights = torch.softmax(scores, dim=-1)"),
     "mask_transposed": ("the mask is transposed: it hides queries where it should hide keys "
                         "(or the reverse)", "keep (N, L_q, L_k): query rows, key columns"),
+    "ffn_dropout_position": ("in train mode, dropout acts in the wrong place in the "
+                             "feed-forward: the layer around it already drops the sublayer's "
+                             "output", "linear2(dropout(relu(linear1(x)))): dropout on the "
+                             "hidden layer only (or none)"),
     "layernorm_missing": ("a LayerNorm is missing after a sublayer's residual add",
                           "x = norm(x + dropout(sublayer(x))) for every sublayer"),
     "residual_doubled": ("a sublayer's output is added to the stream twice",
