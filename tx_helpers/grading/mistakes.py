@@ -150,6 +150,9 @@ MISTAKES: dict[str, tuple[str, str]] = {
                              "feed-forward: the layer around it already drops the sublayer's "
                              "output", "linear2(dropout(relu(linear1(x)))): dropout on the "
                              "hidden layer only (or none)"),
+    "mask_wrong_batch": ("the mask reaches the wrong batch element (or head)",
+                         "mask.unsqueeze(1) broadcasts (N, 1, L_q, L_k) over the heads; if you "
+                         "flatten to (N*H, ...), repeat the mask with repeat_interleave(H, 0)"),
     "layernorm_missing": ("a LayerNorm is missing after a sublayer's residual add",
                           "x = norm(x + dropout(sublayer(x))) for every sublayer"),
     "residual_doubled": ("a sublayer's output is added to the stream twice",

@@ -182,6 +182,8 @@ def _localize_mha(report: _Report, cls, state: dict) -> None:
         return
     if split_merge_probe(report, module, placed, x, state["n_heads"]):
         return
+    if _mask_batch_probe(report, module, x):
+        return
     # one head and identity projections: the module is the attention function itself
     scratch = _Report("scratch", verbose=False)
     d = 8
@@ -211,3 +213,23 @@ def _localize_mha(report: _Report, cls, state: dict) -> None:
         return out.unsqueeze(1)
 
     localize_attention(report, attend, "with one head and identity projections, ")
+
+
+def _mask_batch_probe(report: _Report, module, x) -> bool:
+    """A mask set for batch element 0 only must leave batch element 1's output alone."""
+    n, length = x.shape[:2]
+    mask = torch.zeros(n, length, length, dtype=torch.bool)
+    mask[0, :, -2:] = True
+    try:
+        plain = module(x.clone(), x.clone(), x.clone())
+        masked = module(x.clone(), x.clone(), x.clone(), mask)
+        plain = plain[0] if isinstance(plain, (tuple, list)) else plain
+        masked = masked[0] if isinstance(masked, (tuple, list)) else masked
+    except Exception:  # noqa: BLE001 - the main probes already reported exceptions
+        return False
+    if _close(masked[1:], plain[1:]):
+        return False
+    report.mistake("mask_wrong_batch", "a mask that hides keys only for batch element 0 "
+                   "changes batch element 1's output: the mask is repeated or reshaped over "
+                   "batch and heads in another order than the scores")
+    return True
