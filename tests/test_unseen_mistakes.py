@@ -27,7 +27,7 @@ from tx_helpers import grading as g  # noqa: E402
 
 GENERIC = {"mismatch", "checker_failed"}
 # measured with this file's naming rule (see the module docstring and the final report)
-RECALL_FLOOR = 36  # 11/57 before issue 23 (main at 1512da1), 36/57 after
+RECALL_FLOOR = 37  # 11/57 before issue 23 (main at 1512da1), 37/57 after
 
 
 def _check(block: str):

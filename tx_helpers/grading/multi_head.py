@@ -92,6 +92,12 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         finally:
             if report.only_mismatch() and "module" in state:
                 _localize_mha(report, cls, state)
+            elif "shape_error" in report.found and "module" in state:
+                # equal lengths, three different tensors: which projection reads which?
+                x = state["x"]
+                gen = torch.Generator().manual_seed(31)
+                k2, v2 = (torch.randn(x.shape, generator=gen) for _ in range(2))
+                projection_inputs_probe(report, state["module"], state["ref"], x, k2, v2)
 
     def main(report: _Report, state: dict):
         module = _instantiate(report, cls, (d_model, n_heads, 0.1),
