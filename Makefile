@@ -106,7 +106,7 @@ nbgrader: $(TEACHER_STAMP)
 # The nbgrader round trip (generate, autograde three submissions, feedback) and every command
 # docs/teaching.md and docs/nbgrader.md show.
 test-teacher: $(TEACHER_STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(TEST_ENV) $(BIN)/python -m pytest -p no:nbval -p no:cacheprovider -q \
+	PATH="$(CURDIR)/$(BIN):$$PATH" TX_TEACHER_TESTS=1 $(TEST_ENV) $(BIN)/python -m pytest -p no:nbval -p no:cacheprovider -q \
 	  tests/test_nbgrader.py tests/test_teaching_commands.py
 
 lint: setup
