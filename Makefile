@@ -21,6 +21,7 @@ WORK   ?= my-work
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 .PHONY: setup check-python lab test test-browser test-portability notebooks exercises handout keys models bench ddp-demo lint clean
+.PHONY: grade nbgrader test-teacher
 
 check-python:
 	@command -v $(PYTHON) >/dev/null 2>&1 || { \
@@ -114,6 +115,30 @@ bench: setup
 # per-rank throughput, exact match, all-reduce vs compute (about 2.5 min on 2 cores).
 ddp-demo: setup
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --standalone --nproc_per_node=2 tools/train_ddp.py $(DDP_ARGS)
+
+# Teachers: grade submitted notebooks (marks per exercise, a CSV, a summary, one feedback file
+# per student): make grade SUBMISSIONS="submissions/*.ipynb" [GRADES=grades.csv]
+SUBMISSIONS ?= submissions/*.ipynb
+GRADES ?= grades.csv
+grade: setup
+	$(BIN)/python tools/grade.py $(SUBMISSIONS) --out $(GRADES) $(GRADE_ARGS)
+
+# Teachers with nbgrader: requirements-teacher.txt (nbgrader, pinned) goes into the same venv,
+# then every lab is exported into an nbgrader course folder: make nbgrader [COURSE=course]
+TEACHER_STAMP := $(VENV)/.teacher-installed
+COURSE ?= course
+$(TEACHER_STAMP): requirements-teacher.txt $(STAMP)
+	$(PIP) -q -r requirements-teacher.txt
+	touch $(TEACHER_STAMP)
+
+nbgrader: $(TEACHER_STAMP)
+	$(BIN)/python tools/nbgrader_course.py --out $(COURSE)
+
+# The nbgrader round trip (generate, autograde three submissions, feedback) and every command
+# docs/teaching.md and docs/nbgrader.md show.
+test-teacher: $(TEACHER_STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" TX_TEACHER_TESTS=1 $(TEST_ENV) $(BIN)/python -m pytest -p no:nbval -p no:cacheprovider -q \
+	  tests/test_nbgrader.py tests/test_teaching_commands.py
 
 lint: setup
 	$(BIN)/ruff check tx_helpers tests tests_browser tools

@@ -4,6 +4,7 @@ Each entry injects one mistake into otherwise correct code and asserts the diagn
 it. ``naming_rate()`` measures the share named correctly (run this file as a script to
 print it); the test asserts every entry, so the rate in the suite is 100% or a failure.
 """
+import functools
 import math
 import sys
 from pathlib import Path
@@ -253,9 +254,9 @@ CATALOGUE = [
      MHASdpaNoTransposeBack, "heads_merge_without_transpose"),
     ("PE positions from 1 (class)", g.check_positional_encoding, PEFromOne,
      "pe_positions_from_1"),
-    ("PE fails for odd d_model", g.check_positional_encoding, pe_even_only, "pe_odd_d_model"),
-    ("PE a frozen nn.Parameter", g.check_positional_encoding, PEFrozenParameter,
-     "pe_not_buffer"),
+    ("PE fails for odd d_model (asked for)",
+     functools.partial(g.check_positional_encoding, odd_d_model=True), pe_even_only,
+     "pe_odd_d_model"),
     ("PE sin/cos swapped (class)", g.check_positional_encoding, PESwappedClass,
      "pe_sin_cos_swapped"),
     ("FFN nn.GELU", g.check_feed_forward, FFNGeluModule, "ffn_other_activation"),

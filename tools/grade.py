@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Grade learners' exercise notebooks: execute each one, collect tx_helpers.grading results.
 
-  python tools/grade.py submissions/*.ipynb --out grades.csv [--strict]
+  make grade SUBMISSIONS="submissions/*.ipynb"            (uses the project's venv)
+  .venv/bin/python tools/grade.py submissions/*.ipynb --out grades.csv [--strict]
 
 Each notebook runs top to bottom in a fresh kernel (errors do not stop it: a learner's
 unfinished cell is recorded, the rest still runs). Then one extra cell, never saved, runs
@@ -18,10 +19,21 @@ without that metadata (an older copy) falls back to every class and function it 
 Outputs:
 
 - the CSV (``--out``): one row per check with notebook, exercise (the numbers and names it
-  covers), check, passed, mistakes, diagnosis; plus one ``cells`` row per notebook counting
-  the cells that raised (information, not marks);
+  covers), check, passed, mistakes, diagnosis, points, max_points, delegated; plus one
+  ``cells`` row per notebook counting the cells that raised (information, not marks);
 - a summary next to it (``grades_summary.txt`` for ``grades.csv``): one line per notebook
-  with its marks (checks passed / checks), then one line per failed check.
+  with its checks passed, a ``marks:`` line with its points, then one line per failed or
+  delegated exercise;
+- one feedback file per notebook (``grades_feedback/<notebook>.txt``): every exercise's
+  mark and its full report (the ✓/✗ probe lines, the diagnosis and the hint), for the
+  student.
+
+Marks (:func:`tx_helpers.grading.mark_exercise`, the same function nbgrader's test cells
+call): each checked exercise is worth 1 point (a class that holds several exercises, one per
+exercise); a failed check earns its share of probes passed; code that hands the exercise to
+the ``tx_helpers`` reference (``return tx.padding_mask(...)``) is flagged and earns 0; each
+graded prediction (``tx.grading.check_prediction``) is worth ``--prediction-points``. Mask
+functions are checked one by one, so each has its own mark.
 
 Exit status: 0; with ``--strict``, 1 when any check failed or a notebook could not be graded.
 The script runs the learners' code: run it in a container or a throw-away account.
@@ -38,20 +50,39 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
+from tx_helpers.grading.marks import check_options
+
 MARK = "@@TX_GRADES@@"
 META_KEY = "tx_exercise"
 COLLECT = """\
 import json as _json
 import tx_helpers.grading as _grading
 _names = {names!r}
-_space = dict(globals()) if _names is None else {{n: globals()[n] for n in _names
-                                                 if n in globals()}}
+_points = {points!r}
+_options = {options!r}
+if _names is None:
+    _names = [_n for _n, _o in list(globals().items()) if not _n.startswith("_")
+              and getattr(_o, "__module__", None) == "__main__"]
 _records = []
-for _label, _run in _grading.find_checks(_space):
-    _records.append(dict(_run(verbose=False).as_dict(), label=_label))
+for _n in _names:
+    if _n not in globals():
+        continue
+    _found = _grading.find_checks({{_n: globals()[_n]}}, module=None)
+    if not _found:
+        continue
+    _m = _grading.mark_exercise(_n, globals()[_n], points=_points.get(_n, 1), verbose=False,
+                                **_options.get(_n, {{}}))
+    _d = _m.as_dict()
+    _d.pop("result")
+    _records.append(dict(_m.result.as_dict(), label=_found[0][0], mark=_d))
+for _m in _grading.mark_predictions(points_each={prediction_points!r}):
+    _d = _m.as_dict()
+    _d.pop("result")
+    _records.append(dict(_m.result.as_dict(), label="prediction", mark=_d))
 print({mark!r} + _json.dumps(_records))
 """
-FIELDS = ["notebook", "exercise", "check", "passed", "mistakes", "diagnosis"]
+FIELDS = ["notebook", "exercise", "check", "passed", "mistakes", "diagnosis", "points",
+          "max_points", "delegated"]
 
 
 def defined_names(source: str) -> list[str]:
@@ -78,13 +109,19 @@ def exercises_of(nb) -> dict[str, list[dict]]:
     return found
 
 
-def run_notebook(path: Path, timeout: int = 120) -> tuple[list[dict], int, dict]:
+def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
+                 ) -> tuple[list[dict], int, dict]:
     """Execute ``path`` (a copy in memory): (check records, cells that raised, exercises)."""
     nb = nbformat.read(path, as_version=4)
     exercises = exercises_of(nb)
     n_cells = len(nb.cells)
     names = sorted(exercises) if exercises else None
-    nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(names=names, mark=MARK)))
+    points = {name: max(1, len(items)) for name, items in exercises.items()}
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    options = {name: check_options(code, name) for name in exercises}
+    nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
+        names=names, mark=MARK, points=points, options=options,
+        prediction_points=prediction_points)))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute()
@@ -98,6 +135,8 @@ def run_notebook(path: Path, timeout: int = 120) -> tuple[list[dict], int, dict]
 
 
 def exercise_label(record: dict, exercises: dict) -> str:
+    if record.get("label") == "prediction":
+        return record["mark"]["exercise"]
     subjects = record.get("subject", "").split(",")
     items = [item for s in subjects for item in exercises.get(s, [])]
     return "; ".join(f"{i['number']}. {i['name']}" for i in items) or "-"
@@ -105,19 +144,24 @@ def exercise_label(record: dict, exercises: dict) -> str:
 
 def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> list[dict]:
     rows = [{"notebook": path.name, "exercise": "", "check": "cells", "passed": errors == 0,
-             "mistakes": f"{errors} cell(s) raised" if errors else "", "diagnosis": ""}]
+             "mistakes": f"{errors} cell(s) raised" if errors else "", "diagnosis": "",
+             "points": "", "max_points": "", "delegated": ""}]
     for r in records:
         diagnosis = next((m[len("Diagnosis: "):] for m in r["messages"]
                           if m.startswith("Diagnosis: ")), "")
+        mark = r.get("mark", {})
         rows.append({"notebook": path.name, "exercise": exercise_label(r, exercises),
                      "check": r.get("label", r["name"]), "passed": r["passed"],
-                     "mistakes": " ".join(r["mistakes"]), "diagnosis": diagnosis})
+                     "mistakes": " ".join(r["mistakes"]), "diagnosis": diagnosis,
+                     "points": mark.get("score", ""), "max_points": mark.get("points", ""),
+                     "delegated": mark.get("delegated", "")})
     checked = {s for r in records for s in r.get("subject", "").split(",")}
     for name, items in exercises.items():
         if name not in checked:  # an exercise no check covers: say so, count nothing
             rows.append({"notebook": path.name, "check": "none", "passed": "",
                          "exercise": "; ".join(f"{i['number']}. {i['name']}" for i in items),
-                         "mistakes": "", "diagnosis": "no automatic check for this exercise"})
+                         "mistakes": "", "diagnosis": "no automatic check for this exercise",
+                         "points": "", "max_points": "", "delegated": ""})
     return rows
 
 
@@ -125,10 +169,15 @@ def summary_line(path: Path, rows: list[dict]) -> list[str]:
     graded = [r for r in rows if r["check"] not in ("cells", "none")]
     passed = sum(r["passed"] is True for r in graded)
     cells = rows[0]["mistakes"] or "no cell raised"
-    lines = [f"{path.name}: {passed}/{len(graded)} checks passed ({cells})"]
+    score = sum(float(r["points"] or 0) for r in graded)
+    total = sum(float(r["max_points"] or 0) for r in graded)
+    lines = [f"{path.name}: {passed}/{len(graded)} checks passed ({cells})",
+             f"  marks: {score:g}/{total:g} points"]
     for r in graded:
-        if r["passed"] is not True:
-            lines.append(f"  - exercise {r['exercise']}: {r['check']}: "
+        if r["delegated"]:
+            lines.append(f"  - exercise {r['exercise']}: not credited: {r['delegated']}")
+        elif r["passed"] is not True:
+            lines.append(f"  - exercise {r['exercise']}: {r['points']:g}/{r['max_points']:g}: "
                          f"{r['diagnosis'] or r['mistakes']}")
     for r in rows:
         if r["check"] == "none":
@@ -136,30 +185,59 @@ def summary_line(path: Path, rows: list[dict]) -> list[str]:
     return lines
 
 
+def feedback_text(path: Path, records: list[dict], rows: list[dict], errors: int) -> str:
+    """The student's own file: every exercise's mark and its full report (✓/✗ lines)."""
+    graded = [r for r in rows if r["check"] not in ("cells", "none")]
+    score = sum(float(r["points"] or 0) for r in graded)
+    total = sum(float(r["max_points"] or 0) for r in graded)
+    out = [f"Feedback for {path.name}: {score:g}/{total:g} points", ""]
+    if errors:
+        out += [f"{errors} cell(s) raised an error when the notebook ran top to bottom.", ""]
+    for r, row in zip(records, [r for r in rows if r["check"] not in ("cells", "none")],
+                      strict=False):
+        label = row["exercise"] if row["exercise"] != "-" else r.get("subject", "")
+        out += [f"## {label}"] + r.get("mark", {}).get("lines", r["messages"]) + [""]
+    for row in rows:
+        if row["check"] == "none":
+            out += [f"## {row['exercise']}", "  not checked automatically: your teacher marks "
+                    "it", ""]
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("grades.csv"))
     parser.add_argument("--timeout", type=int, default=120, help="seconds per cell")
+    parser.add_argument("--prediction-points", type=float, default=0.5,
+                        help="points for each graded prediction (default 0.5)")
+    parser.add_argument("--feedback", type=Path, default=None,
+                        help="folder for one feedback file per notebook (default: "
+                        "<out stem>_feedback next to the CSV)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any check failed or a notebook could not be graded")
     args = parser.parse_args(argv)
+    feedback_dir = args.feedback or args.out.with_name(f"{args.out.stem}_feedback")
+    feedback_dir.mkdir(parents=True, exist_ok=True)
     rows, summary, failed = [], [], False
     for path in args.notebooks:
-        records, errors, exercises = run_notebook(path, args.timeout)
+        records, errors, exercises = run_notebook(path, args.timeout, args.prediction_points)
         mine = rows_for(path, records, errors, exercises)
         rows += mine
         lines = summary_line(path, mine)
         summary += lines
         failed |= not records or not all(r["passed"] for r in records)
-        print(lines[0])
+        (feedback_dir / f"{path.stem}.txt").write_text(
+            feedback_text(path, records, mine, errors) + "\n", encoding="utf-8")
+        print(lines[0] + ";" + lines[1].replace("  marks:", ""))
     with args.out.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
     summary_path = args.out.with_name(f"{args.out.stem}_summary.txt")
     summary_path.write_text("\n".join(summary) + "\n", encoding="utf-8")
-    print(f"wrote {args.out} and {summary_path}")
+    print(f"wrote {args.out}, {summary_path} and one feedback file per notebook in "
+          f"{feedback_dir}/")
     return 1 if args.strict and failed else 0
 
 

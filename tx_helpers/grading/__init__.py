@@ -30,6 +30,14 @@ from .distributed import check_amp_step, check_token_mean_loss
 from .feed_forward import check_feed_forward
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
+from .marks import (
+    Mark,
+    check_options,
+    find_delegation,
+    mark_exercise,
+    mark_predictions,
+    mark_result,
+)
 from .masks import check_masks
 from .mistakes import MISTAKES
 from .model import check_transformer
@@ -47,4 +55,6 @@ __all__ = [
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
     "check_namespace", "check_shape_quiz", "check_prediction",
     "check_token_mean_loss", "check_amp_step",
+    "Mark", "mark_exercise", "mark_result", "mark_predictions", "find_delegation",
+    "check_options",
 ]

@@ -13,6 +13,7 @@ from .compare import (
     _deterministic,
     _diagnose,
 )
+from .localize import localize_attention
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 _NEG = torch.finfo(torch.float32).min
@@ -106,11 +107,16 @@ def check_attention(fn, *, verbose: bool = True) -> CheckResult:
         if not ok:
             _scale_probe(report, fn)
         mask = _both_kinds_mask((n, 1, l_q, l_k), gen)
-        out_m = _as_output(report, run(mask))
-        ref_m, _ = _scaled_reference(q, k, v, mask)
-        _compare(report, "with a mask (bool, True = do not attend) the masked keys get no "
-                 "weight", out_m, ref_m, _attention_axes(True),
-                 lambda **kw: _attention_variant(q, k, v, mask, **kw))
+        try:
+            out_m = _as_output(report, run(mask))
+            ref_m, _ = _scaled_reference(q, k, v, mask)
+            _compare(report, "with a mask (bool, True = do not attend) the masked keys get no "
+                     "weight", out_m, ref_m, _attention_axes(True),
+                     lambda **kw: _attention_variant(q, k, v, mask, **kw))
+        finally:
+            if report.only_mismatch():
+                localize_attention(report, lambda q, k, v, m: fn(q, k, v) if m is None
+                                   else fn(q, k, v, m))
 
     return _run_check("check_attention", body, verbose, fn)
 

@@ -1,6 +1,7 @@
 """Comparing a learner's output with the reference and with known wrong variants."""
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import torch
@@ -108,15 +109,75 @@ def _both_kinds_mask(shape, gen) -> torch.Tensor:
             return m
 
 
-def _instantiate(report: _Report, cls, args: tuple, signature: str):
+_ROLE_NAMES = {  # the usual parameter names for each constructor argument a check passes
+    "d_model": ("d_model", "dim", "embed_dim", "d_embed", "model_dim", "n_embd", "emb_dim",
+                "embedding_dim", "hidden_size", "size", "d_hid", "num_hiddens", "features",
+                "d_emb", "dmodel"),
+    "n_heads": ("n_heads", "num_heads", "h", "heads", "n_head", "nhead", "nheads", "head",
+                "num_head", "n_h"),
+    "d_ff": ("d_ff", "dim_feedforward", "d_hidden", "ff_dim", "d_inner", "hidden_dim", "dff",
+             "ffn_dim", "d_ffn", "hidden", "ffn_hidden", "pf_dim", "inner_dim", "dim_ff",
+             "ffn_num_hiddens", "middle_dim"),
+    "dropout": ("dropout", "p", "drop", "dropout_rate", "p_drop", "dropout_p", "drop_prob",
+                "dropout_prob", "attn_dropout", "rate", "pdrop"),
+    "max_len": ("max_len", "max_seq_len", "max_length", "seq_len", "max_positions",
+                "n_position", "length", "maxlen", "max_seq_length", "n_positions",
+                "max_sequence_length", "position"),
+}
+
+
+def _by_name(cls, roles: tuple, args: tuple) -> dict | None:
+    """Keyword arguments for ``cls`` when every role is one of its parameter names."""
+
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    kwargs = {}
+    for role, value in zip(roles, args, strict=True):
+        name = next((n for n in _ROLE_NAMES.get(role, (role,)) if n in params), None)
+        if name is None:
+            if role in ("dropout", "max_len"):  # optional: the class may not take it
+                continue
+            return None
+        kwargs[name] = value
+    return kwargs
+
+
+def _instantiate(report: _Report, cls, args: tuple, signature: str, roles: tuple = ()):
+    """Build ``cls(*args)``; with ``roles`` (what each argument is), a class whose parameters
+    come in another order or under other usual names (``h, d_model``; ``d_model, dropout,
+    max_len``) is built by keyword, and one that fails positionally is tried by keyword."""
     if isinstance(cls, nn.Module):
         report.probe(False, f"got an instance of {type(cls).__name__}, expected the class")
         report.mistake("not_a_class")
         raise _Failed
-    module = _call(report, f"{signature}", cls, *args)
+    kwargs = _by_name(cls, roles, args) if roles else None
+
+    try:
+        names = list(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        names = []
+    same_order = kwargs is not None and list(kwargs) == names[: len(kwargs)]
+    attempts = [("kw", kwargs)] if kwargs is not None and not same_order else []
+    attempts.append(("pos", args))
+    if kwargs is not None and same_order:
+        attempts.append(("kw", kwargs))
+    module, used = None, None
+    for kind, value in attempts:
+        try:
+            module = cls(**value) if kind == "kw" else cls(*value)
+            used = kind
+            break
+        except Exception:  # noqa: BLE001 - the exercise's own form reports its error below
+            continue
+    if used is None:
+        module = _call(report, signature, cls, *args)
     if not isinstance(module, nn.Module):
         report.probe(False, f"{signature} builds an nn.Module (got {type(module).__name__})")
         raise _Failed
+    if used == "kw" and not same_order:
+        report.note("built by keyword: " + ", ".join(f"{k}={v!r}" for k, v in kwargs.items()))
     report.probe(True, f"{signature} builds an nn.Module")
     module.eval()
     return module

@@ -7,11 +7,13 @@ import torch.nn.functional as F
 from ..layers import FeedForward
 from .compare import (
     _as_output,
+    _close,
     _compare,
     _deterministic,
     _instantiate,
 )
-from .report import CheckResult, _call, _Report, _run_check
+from .localize import ffn_probe, hidden_width_probe
+from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
 
@@ -22,12 +24,24 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, d_ff, 0.1),
-                              f"cls(d_model={d_model}, d_ff={d_ff}, dropout=0.1)")
+                              f"cls(d_model={d_model}, d_ff={d_ff}, dropout=0.1)",
+                              ("d_model", "d_ff", "dropout"))
         torch.manual_seed(5)
         ref = FeedForward(d_model, d_ff, 0.1).eval()
         x = torch.randn(2, 5, d_model, generator=torch.Generator().manual_seed(6))
-        copy_reference(report, module, ref, warmup=lambda m: m(x),
-                       what="attributes linear1, linear2 are nn.Linear layers", strict=True)
+        try:
+            placed = copy_reference(report, module, ref, warmup=lambda m: m(x),
+                                    what="attributes linear1, linear2 are nn.Linear layers",
+                                    strict=True)
+        except _Failed:
+            if hidden_width_probe(report, module, d_model, d_ff):
+                report.found.pop("wrong_output_shape", None)
+            raise
+        no_bias = [n for n in ("linear1", "linear2") if n + ".bias" not in placed]
+        if no_bias:  # the paper's FFN is max(0, x W1 + b1) W2 + b2
+            report.probe(False, "linear1 and linear2 have biases (b1, b2 in the paper's "
+                         "FFN(x) = max(0, x W1 + b1) W2 + b2)")
+            report.mistake("ffn_no_bias", f"{' and '.join(no_bias)} built with bias=False")
         out = _as_output(report, _call(report, "forward(x)", module, x.clone(),
                                        shape_hint="linear1: d_model -> d_ff, "
                                        "linear2: d_ff -> d_model"))
@@ -45,8 +59,60 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
         _deterministic(report, lambda: module(x.clone()), out)
         _compare(report, "output matches linear2(relu(linear1(x))) (eval mode)", out, ref(x),
                  axes, variant)
+        lin1 = _owner(module, placed.get("linear1.weight"))
+        lin2 = _owner(module, placed.get("linear2.weight"))
+        if report.only_mismatch():
+            ffn_probe(report, module, lin1, lin2, x)
+        if not report.found and lin1 is not None and lin2 is not None:
+            _dropout_placement(report, module, lin1, lin2, x)
 
     return _run_check("check_feed_forward", body, verbose, cls)
 
 
 
+
+
+def _owner(module, weight):
+    """The learner's Linear that holds ``weight`` (the tensor the reference was copied into)."""
+    if weight is None:
+        return None
+    ptr = weight.data_ptr()
+    return next((m for m in module.modules() if isinstance(m, torch.nn.Linear)
+                 and m.weight.data_ptr() == ptr and m.weight.shape == weight.shape), None)
+
+
+def _dropout_placement(report: _Report, module, lin1, lin2, x) -> None:
+    """Train mode, dropout replaced by a fixed per-feature scaling: where does it act?
+
+    On the hidden activations (tx's choice) or nowhere (the paper drops only the sublayer's
+    output, in the layer around it) passes; on the output or the input is named.
+    """
+    from .dropout import _drop, stand_in
+
+    def ffn(h_drop=False, out_drop=False, in_drop=False):
+        h = F.relu(lin1(_drop(x) if in_drop else x))
+        y = lin2(_drop(h) if h_drop else h)
+        return _drop(y) if out_drop else y
+
+    module.train()
+    try:
+        with stand_in():
+            try:
+                got = _as_output(report, module(x.clone()))
+            except Exception:  # noqa: BLE001 - eval mode worked: no verdict here
+                return
+            if any(_close(got, ffn(**kw)) for kw in ({"h_drop": True}, {})):
+                return
+            for kw, where in (({"out_drop": True}, "on the output of linear2"),
+                              ({"h_drop": True, "out_drop": True}, "on the hidden layer and "
+                               "again on the output"),
+                              ({"in_drop": True}, "on the input x")):
+                if _close(got, ffn(**kw)):
+                    report.probe(False, "in train mode, dropout acts on the hidden layer only "
+                                 "(seen through a fixed stand-in for dropout)")
+                    report.mistake("ffn_dropout_position", where)
+                    return
+            report.note("in train mode the output differs from the usual dropout placements "
+                        "although eval mode matches: check where dropout is applied")
+    finally:
+        module.eval()

@@ -16,8 +16,9 @@ from .compare import (
     _randomize_norms,
 )
 from .dropout import dropout_probe
+from .localize import layer_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
-from .weights import copy_reference
+from .weights import copy_reference, locate
 
 
 def _sublayers(x, steps, order, residual):
@@ -72,8 +73,8 @@ def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, w
             got = None
         if not _close(got, call(getattr(ref, name))):
             report.mistake("submodule_differs", f"self.{name} alone gives other numbers than "
-                           f"the reference", f"run the check for {name} first "
-                           f"(check_multi_head_attention / check_feed_forward)")
+                           f"the reference" + _sub_diagnosis(name, mine), f"run the check for "
+                           f"{name} first (check_multi_head_attention / check_feed_forward)")
 
 
 _LAYER_SHAPES = ("x (N, L_tgt, d_model), memory (N, L_src, d_model); self-attention gets "
@@ -93,7 +94,7 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
                               f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
-                              f"dropout=0.1)")
+                              f"dropout=0.1)", ("d_model", "n_heads", "d_ff", "dropout"))
         torch.manual_seed(7)
         gen = torch.Generator().manual_seed(8)
         ref = EncoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()
@@ -122,6 +123,10 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                           lambda m=m: ref(x, m), variant, axes,
                           [("self_attn", lambda s, m=m: s(x, x, x, m)),
                            ("feed_forward", lambda f: f(x))], label, _LAYER_SHAPES)
+        if report.only_mismatch():
+            _localize_layer(report, module, [("self_attn", "norm1", [(3, "mask", mask)]),
+                                             ("feed_forward", "norm2", [])], x,
+                            lambda: module(x.clone(), mask), norm_first)
         if not report.found:
             parts = [("self_attn", lambda a, h: a(h, h, h, mask), "norm1"),
                      ("feed_forward", lambda f, h: f(h), "norm2")]
@@ -142,7 +147,7 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
     def body(report: _Report):
         module = _instantiate(report, cls, (d_model, n_heads, d_ff, 0.1),
                               f"cls(d_model={d_model}, n_heads={n_heads}, d_ff={d_ff}, "
-                              f"dropout=0.1)")
+                              f"dropout=0.1)", ("d_model", "n_heads", "d_ff", "dropout"))
         torch.manual_seed(9)
         gen = torch.Generator().manual_seed(10)
         ref = DecoderLayer(d_model, n_heads, d_ff, 0.1, norm_first=norm_first).eval()
@@ -196,6 +201,14 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             _layer_probes(report, module, ref, lambda mod, a=args: mod(*a),
                           lambda t_m=t_m, m_m=m_m: ref(x, memory, t_m, m_m), variant, axes,
                           subs, label, _LAYER_SHAPES, swapped)
+        if report.only_mismatch():
+            _localize_layer(report, module, [
+                ("self_attn", "norm1", [(3, "tgt_mask", tgt_mask)]),
+                ("cross_attn", "norm2", [(1, "keys and values", memory),
+                                         (2, "keys and values", memory),
+                                         (3, "memory_mask", mem_mask)]),
+                ("feed_forward", "norm3", [])], x,
+                lambda: module(x.clone(), memory.clone(), tgt_mask, mem_mask), norm_first)
         if not report.found:
             parts = [("self_attn", lambda a, h: a(h, h, h, tgt_mask), "norm1"),
                      ("cross_attn", lambda a, h: a(h, memory, memory, mem_mask), "norm2"),
@@ -208,3 +221,34 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
 
 
 
+
+
+_ARG_NAMES = {"mask": ("mask", "attn_mask", "src_mask"), "tgt_mask": ("mask", "attn_mask",
+              "tgt_mask"), "memory_mask": ("mask", "attn_mask", "memory_mask", "src_mask"),
+              "keys and values": ("key", "value", "k", "v", "memory")}
+
+
+def _localize_layer(report, module, parts, x, run, norm_first) -> None:
+    """Hooks on the learner's own sublayers: where does the residual stream first go wrong?"""
+    steps = []
+    for name, norm_name, checks in parts:
+        sub = locate(module, name)[0]
+        norm = locate(module, norm_name)[0]
+        steps.append((name, sub, norm, [(pos, _ARG_NAMES[label], label, t)
+                                        for pos, label, t in checks]))
+    layer_probe(report, module, steps, x, run, norm_first)
+
+
+def _sub_diagnosis(name: str, mine) -> str:
+    """What the submodule's own check says about its class (its first diagnosis), if any."""
+    from .feed_forward import check_feed_forward
+    from .multi_head import check_multi_head_attention
+
+    check = check_feed_forward if name == "feed_forward" else check_multi_head_attention
+    try:
+        result = check(type(mine), verbose=False)
+    except Exception:  # noqa: BLE001 - the sub-check is extra information only
+        return ""
+    first = next((m for m in result.messages if m.startswith("Diagnosis: ")), "")
+    return (f"; its class, checked alone by {result.name}, shows: {first[len('Diagnosis: '):]}"
+            if first and not result.passed else "")

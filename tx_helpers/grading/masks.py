@@ -31,6 +31,28 @@ def _match_mask(report: _Report, what: str, got: torch.Tensor, expected: torch.T
         if got.shape == cand.shape and bool((got == cand).all()):
             report.mistake(key)
             return False
+    if got.shape == expected.shape and got.dim() >= 2 and torch.equal(
+            got, expected.transpose(-2, -1)) and not torch.equal(got, expected):
+        report.mistake("mask_transposed", "it equals the expected mask with its last two axes "
+                       "swapped")
+        return False
+    if got.shape == expected.shape and got.dim() >= 2:
+        diff = (got != expected).nonzero()
+        idx = tuple(int(i) for i in diff[0][:-1])
+        row_g, row_e = got[idx], expected[idx]
+        hidden = [j for j in range(row_g.numel()) if bool(row_g[j])]
+        want = [j for j in range(row_e.numel()) if bool(row_e[j])]
+        leak = [j for j in want if j not in hidden]
+        over = [j for j in hidden if j not in want]
+        where = (f"batch {idx[0]}, query {idx[1]}" if len(idx) == 2 else f"query {idx[-1]}")
+        parts = []
+        if leak:
+            parts.append(f"keys {leak} are visible but must be hidden")
+        if over:
+            parts.append(f"keys {over} are hidden but must be visible")
+        report.mistake("mask_rows_wrong", f"{where}: " + "; ".join(parts)
+                       + f" ({int((got != expected).sum())} entries differ in all)")
+        return False
     report.mistake("mismatch", f"got\n{got.int().tolist()}\nexpected\n{expected.int().tolist()}"
                    if expected.numel() <= 40 else f"{int((got != expected).sum())} entries "
                    f"differ")
@@ -45,7 +67,7 @@ def _broadcast(m: torch.Tensor, shape) -> torch.Tensor | None:
 
 
 def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=None, *,
-                verbose: bool = True) -> CheckResult:
+                devices: bool = False, verbose: bool = True) -> CheckResult:
     """Check mask builders (bool, True = do not attend); pass any subset:
 
     - ``padding_fn(seq, pad_idx)`` -> (N, 1, L) (an (N, L, L) or (N, 1, 1, L) mask with the
@@ -54,6 +76,11 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
     - ``decoder_fn(tgt, pad_idx)`` -> (N, L, L) = padding OR look-ahead,
     - ``cross_fn(src, tgt, pad_idx)`` -> the cross-attention mask, which must broadcast to
       (N, L_tgt, L_src) and hide the source padding: (N, 1, L_src) is best.
+
+    Devices: a ``lookahead_fn`` with a ``device`` parameter must build the mask there; a
+    function that takes token ids should build its mask on their device. These run on the
+    ``meta`` device (no GPU needed). A ``device`` parameter that is ignored always fails;
+    a mask built off the input's device is a note unless ``devices=True``.
     """
     src = torch.tensor([[5, 0, 7, 9, 1, 1], [4, 8, 1, 1, 1, 1], [3, 2, 6, 0, 9, 4]])
     tgt = torch.tensor([[2, 5, 6, 1], [2, 7, 1, 1], [2, 3, 4, 5]])
@@ -66,10 +93,16 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             _probe_padding(report, padding_fn, src)
         if lookahead_fn is not None:
             _probe_lookahead(report, lookahead_fn)
+            _probe_device_argument(report, lookahead_fn)
         if decoder_fn is not None:
             _probe_decoder_mask(report, decoder_fn, tgt)
         if cross_fn is not None:
             _probe_cross_mask(report, cross_fn, src, tgt)
+        for name, fn, args in (("padding_fn", padding_fn, (src, 1)),
+                               ("decoder_fn", decoder_fn, (tgt, 1)),
+                               ("cross_fn", cross_fn, (src, tgt, 1))):
+            if fn is not None and not report.found:
+                _probe_input_device(report, name, fn, args, devices)
 
     return _run_check("check_masks", body, verbose, ",".join(
         getattr(f, "__name__", "") for f in (padding_fn, lookahead_fn, decoder_fn, cross_fn)
@@ -198,3 +231,58 @@ def _probe_cross_mask(report, fn, src, tgt):
 
 
 
+
+
+def _device_error(exc: BaseException) -> bool:
+    low = str(exc).lower()
+    return "device" in low or "meta" in low
+
+
+def _probe_device_argument(report: _Report, fn) -> None:
+    """``lookahead_fn(size, device=...)`` must build the mask on that device."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if "device" not in params:
+        return
+    what = "lookahead_fn(5, device='meta') builds the mask on that device"
+    try:
+        m = fn(5, device=torch.device("meta"))
+    except Exception as exc:  # noqa: BLE001 - reported below
+        report.probe(False, f"{what} (raised {type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0] if str(exc) else ''})")
+        report.mistake("mask_device_ignored", "it raised on the meta device")
+        return
+    ok = isinstance(m, torch.Tensor) and m.device.type == "meta"
+    if not report.probe(ok, what + ("" if ok else f" (got a mask on "
+                                    f"{getattr(m, 'device', '?')})")):
+        report.mistake("mask_device_ignored", "the device argument is accepted but not used")
+
+
+def _probe_input_device(report: _Report, name, fn, args, required: bool) -> None:
+    """A mask built from token ids should live on their device (here: ``meta``)."""
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    problem = None
+    try:
+        m = fn(*meta)
+        if isinstance(m, torch.Tensor) and m.device.type != "meta":
+            problem = f"returns a mask on {m.device} for token ids on another device"
+    except Exception as exc:  # noqa: BLE001 - only device errors say anything
+        if not _device_error(exc):
+            return
+        problem = ("builds part of the mask on a fixed device and combines it with one on the "
+                   "input's device (" + str(exc).splitlines()[0][:120] + ")")
+    what = f"{name} builds its mask on the device of its input"
+    if problem is None:
+        if required:
+            report.probe(True, what)
+        return
+    if required:
+        report.probe(False, f"{what}: it {problem}")
+        report.mistake("mask_device_ignored", f"{name} {problem}")
+    else:
+        report.note(f"{name} {problem}; on a GPU this fails. Build every part on the input's "
+                    "device: lookahead_mask(L, device=tgt.device)")

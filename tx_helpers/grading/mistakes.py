@@ -85,9 +85,90 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "mask_needs_head_axis": ("a 3-D mask (N, L_q, L_k) or (N, 1, L_k) does not broadcast over "
                              "the heads", "add the head axis inside forward: "
                              "mask = mask.unsqueeze(1) gives (N, 1, L_q, L_k)"),
+    # found by the localising probes (tx_helpers/grading/localize.py)
+    "attention_values_wrong": ("the output is not the attention weights applied to v",
+                               "return weights @ v, with weights = softmax(scores, dim=-1)"),
+    "attention_rows_not_normalised": ("each query's weights over the keys do not sum to 1",
+                                      "weights = torch.softmax(scores, dim=-1)"),
+    "attention_weights_not_softmax": ("the weights are not a softmax of the scaled scores",
+                                      "weights = torch.softmax(q @ k.transpose(-2, -1) / "
+                                      "math.sqrt(d_k), dim=-1)"),
+    "mask_fill_weak": ("masked keys still get some weight: the fill value is not negative "
+                       "enough (or it is added instead of filled)", _MASK_FILL_HINT),
+    "mask_other": ("with a mask, the weights over the unmasked keys are not a softmax over "
+                   "those keys alone", _MASK_FILL_HINT),
+    "heads_split_wrong": ("the heads split or merge mixes positions and features", _SPLIT_HINT),
+    "projection_inputs_wrong": ("a projection is applied to the wrong input tensor",
+                                "q = self.w_q(query), k = self.w_k(key), v = self.w_v(value)"),
+    "mha_output_changed": ("the module changes w_o's output before returning it",
+                           "return self.w_o(context)"),
+    "ffn_input_changed": ("linear1 does not receive the block's input x", "linear1(x)"),
+    "ffn_activation_wrong": ("the activation between linear1 and linear2 is not ReLU",
+                             "linear2(dropout(relu(linear1(x))))"),
+    "ffn_output_changed": ("linear2's output is changed before it is returned",
+                           "return linear2(...) as it is"),
+    "ffn_hidden_width": ("the hidden layer does not have d_ff units",
+                         "linear1 = nn.Linear(d_model, d_ff); linear2 = nn.Linear(d_ff, d_model)"),
+    "sublayer_calls": ("a sublayer is called more or fewer times than once per forward pass",
+                       "call each sublayer once: its output goes into the residual add"),
+    "sublayer_input_wrong": ("a sublayer receives the wrong input", "follow the stream: each "
+                             "sublayer reads the output of the step before it"),
+    "sublayer_output_dropped": ("a sublayer's output never reaches the residual stream",
+                                "x = norm(x + dropout(sublayer(x))): keep the result"),
+    "pe_not_added": ("the positional encoding is not added to the embeddings",
+                     "x = self.pos_encoding(self.embedding(tokens) * math.sqrt(d_model))"),
+    "embedding_scale_wrong": ("the embeddings are scaled by the wrong factor",
+                              "multiply by math.sqrt(d_model)"),
+    "embedding_stage_wrong": ("the first layer does not receive embedding x sqrt(d_model) + PE",
+                              "x = self.pos_encoding(self.embedding(tokens) * "
+                              "math.sqrt(d_model))"),
+    "layers_not_chained": ("a layer does not receive the previous layer's output",
+                           "for layer in self.layers: x = layer(x, mask)"),
+    "memory_wrong": ("the decoder does not receive the encoder's output as memory",
+                     "memory = self.encoder(src, src_mask); self.decoder(tgt, memory, ...)"),
+    "generator_input_wrong": ("the generator does not receive the decoder's output",
+                              "return self.generator(self.decoder(...))"),
+    "output_changed": ("the generator's output is changed before it is returned",
+                       "return the logits: self.generator(hidden)"),
+    "layer_mask_differs": ("a layer is given a mask that hides other positions than it should",
+                           "encoder layers: the source padding mask; decoder self-attention: "
+                           "padding OR look-ahead"),
+    "ffn_no_bias": ("the feed-forward's Linears have no bias; the paper's FFN(x) = "
+                    "max(0, x W1 + b1) W2 + b2 has both", "nn.Linear(d_model, d_ff) (bias=True "
+                    "is the default)"),
+    "layers_shared": ("the stack repeats one layer object: every layer shares the same weights",
+                      "build N separate layers: nn.ModuleList([Layer(...) for _ in range(N)]) "
+                      "(copy.deepcopy of a template also works)"),
+    "pe_same_rows": ("every position gets the same row of the table: the position is not used",
+                     "angle = position * frequency, with position = torch.arange(max_len) as a "
+                     "column (max_len, 1)"),
+    "attention_log_weights": ("the attention weights are log-probabilities (log_softmax), not "
+                              "probabilities", "weights = torch.softmax(scores, dim=-1)"),
+    "mask_transposed": ("the mask is transposed: it hides queries where it should hide keys "
+                        "(or the reverse)", "keep (N, L_q, L_k): query rows, key columns"),
+    "ffn_dropout_position": ("in train mode, dropout acts in the wrong place in the "
+                             "feed-forward: the layer around it already drops the sublayer's "
+                             "output", "linear2(dropout(relu(linear1(x)))): dropout on the "
+                             "hidden layer only (or none)"),
+    "mask_wrong_batch": ("the mask reaches the wrong batch element (or head)",
+                         "mask.unsqueeze(1) broadcasts (N, 1, L_q, L_k) over the heads; if you "
+                         "flatten to (N*H, ...), repeat the mask with repeat_interleave(H, 0)"),
+    "layernorm_missing": ("a LayerNorm is missing after a sublayer's residual add",
+                          "x = norm(x + dropout(sublayer(x))) for every sublayer"),
+    "residual_doubled": ("a sublayer's output is added to the stream twice",
+                         "x = norm(x + dropout(sublayer(x)))"),
+    "residual_wrong": ("the residual add and LayerNorm around a sublayer are not the paper's",
+                       "Post-LN: x = norm(x + dropout(sublayer(x)))"),
     # masks
     "mask_not_bool": ("the mask is not a bool tensor", "build it with comparisons or "
                       "dtype=torch.bool; True means 'do not attend'"),
+    "mask_device_ignored": ("the mask is not built on the requested device (or on the "
+                            "device of the token ids)", "torch.ones(L, L, dtype=torch.bool, "
+                            "device=device); in functions that take token ids, "
+                            "device=tgt.device"),
+    "mask_rows_wrong": ("the mask hides the wrong keys for some queries",
+                        "padding: hide the pad keys for every query; look-ahead: hide keys "
+                        "j > i for query i (torch.triu(..., diagonal=1))"),
     "padding_mask_shape": ("the padding mask has no query axis", "return "
                            "(seq == pad_idx).unsqueeze(1), shape (N, 1, L): it broadcasts "
                            "over every query"),
@@ -141,6 +222,18 @@ MISTAKES: dict[str, tuple[str, str]] = {
                        "[:, : d_model // 2]) (the sin columns take all of them)"),
     "pe_not_buffer": ("`pe` is not a registered buffer", "self.register_buffer('pe', table): a "
                       "buffer moves with .to(), is saved in state_dict and is never trained"),
+    "pe_frequency": ("a column of the table has the wrong frequency",
+                     "angle = pos / 10000^(2i/d_model): one frequency per pair of columns "
+                     "(2i, 2i+1), base 10000, exponent 2i/d_model"),
+    "pe_phase": ("a column of the table is sin where cos belongs (or the positions are "
+                 "shifted)", "pe[:, 0::2] = sin(pos * freq); pe[:, 1::2] = cos(pos * freq), "
+                 "with pos = torch.arange(max_len) starting at 0"),
+    "pe_amplitude": ("a column of the table is scaled: sin and cos have amplitude 1",
+                     "store sin(angle) and cos(angle) as they are"),
+    "pe_column_wrong": ("a column of the table is not a sinusoid of the position",
+                        "every column is sin or cos of pos / 10000^(2i/d_model)"),
+    "pe_input_changed": ("forward changes x instead of only adding the table",
+                         "return self.dropout(x + self.pe[:x.size(1)])"),
     "pe_scales_input": ("forward multiplies x by sqrt(d_model); that scaling belongs to the "
                         "embedding in the Encoder/Decoder", "return x + self.pe[:L] "
                         "(then dropout)"),
@@ -165,6 +258,12 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "residual_dropout_missing": ("there is no dropout on the sublayer outputs (the paper's "
                                  "residual dropout, P_drop = 0.1)", "x = norm(x + "
                                  "self.dropout1(sublayer(x))), and likewise for each sublayer"),
+    "dropout_on_residual": ("dropout acts on the residual stream x, not on the sublayer's "
+                            "output", "norm(x + dropout(sublayer(x))): only the sublayer's "
+                            "output is dropped"),
+    "dropout_on_sublayer_input": ("dropout acts on the sublayer's input instead of its output",
+                                  "norm(x + dropout(sublayer(x))): drop what the sublayer "
+                                  "returns"),
     "pre_ln_instead_of_post_ln": ("Pre-LN order (LayerNorm before the sublayer, "
                                   "x + sublayer(norm(x))) where Post-LN is expected",
                                   "Post-LN (the paper): x = norm(x + dropout(sublayer(x)))"),

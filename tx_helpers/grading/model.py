@@ -18,6 +18,7 @@ from .compare import (
     _instantiate,
     _randomize_norms,
 )
+from .localize import causality_probe, model_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
@@ -119,6 +120,9 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
                 report.mistake("post_ln_instead_of_pre_ln" if norm_first
                                else "pre_ln_instead_of_post_ln")
             _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask)
+        if report.only_mismatch():
+            model_probe(report, module, ref, src, tgt, src_mask, tgt_mask,
+                        lambda: module(src, tgt, src_mask, tgt_mask))
         # the decoder must not see the future: change the last target token
         tgt2 = tgt.clone()
         tgt2[:, -1] = torch.tensor([20, 21])
@@ -126,7 +130,10 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
                    "forward with the last target token changed")
         if not report.probe(_close(out[:, :-1], out2[:, :-1]), "changing the last target "
                             "token leaves the earlier positions' logits unchanged"):
-            report.mistake("decoder_sees_future")
+            if not causality_probe(report, lambda t: module(src, t, src_mask,
+                                                            decoder_self_mask(t, 1)),
+                                   tgt, config.tgt_vocab_size):
+                report.mistake("decoder_sees_future")
         # masked source positions must not matter
         src2 = src.clone()
         src2[0, -2:] = torch.tensor([15, 16])

@@ -8,11 +8,13 @@ from .attention import _attention_variant
 from .compare import (
     _as_output,
     _both_kinds_mask,
+    _by_name,
     _close,
     _compare,
     _deterministic,
     _instantiate,
 )
+from .localize import localize_attention, projection_inputs_probe, split_merge_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
@@ -84,8 +86,23 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
     names = ("w_q", "w_k", "w_v", "w_o")
 
     def body(report: _Report):
+        state = {}
+        try:
+            main(report, state)
+        finally:
+            if report.only_mismatch() and "module" in state:
+                _localize_mha(report, cls, state)
+            elif "shape_error" in report.found and "module" in state:
+                # equal lengths, three different tensors: which projection reads which?
+                x = state["x"]
+                gen = torch.Generator().manual_seed(31)
+                k2, v2 = (torch.randn(x.shape, generator=gen) for _ in range(2))
+                projection_inputs_probe(report, state["module"], state["ref"], x, k2, v2)
+
+    def main(report: _Report, state: dict):
         module = _instantiate(report, cls, (d_model, n_heads, 0.1),
-                              f"cls(d_model={d_model}, n_heads={n_heads}, dropout=0.1)")
+                              f"cls(d_model={d_model}, n_heads={n_heads}, dropout=0.1)",
+                              ("d_model", "n_heads", "dropout"))
         ref = _reference_mha(d_model, n_heads)
         gen = torch.Generator().manual_seed(4)
         n, l_q, l_k = 2, 5, 7
@@ -94,6 +111,8 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
         mem_v = torch.randn(n, l_k, d_model, generator=gen)  # values differ from the keys
         placed = copy_reference(report, module, ref, warmup=lambda m: m(x, x, x),
                        what=f"attributes {', '.join(names)} are nn.Linear layers", strict=True)
+        state.update(module=module, ref=ref, placed=placed, x=x, mem=mem, mem_v=mem_v,
+                     n_heads=n_heads)
 
         def run(query, key, value, mask=None, what="forward(x, x, x)"):
             args = (query.clone(), key.clone(), value.clone()) + (() if mask is None else (mask,))
@@ -158,3 +177,65 @@ def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
 
 
 
+
+
+def _localize_mha(report: _Report, cls, state: dict) -> None:
+    """Hooks on the projections, then the heads split alone, then the attention core alone."""
+    module, ref, placed = state["module"], state["ref"], state["placed"]
+    x, mem, mem_v = state["x"], state["mem"], state["mem_v"]
+    where = projection_inputs_probe(report, module, ref, x, mem, mem_v)
+    if where in ("inputs", "after"):
+        return
+    if split_merge_probe(report, module, placed, x, state["n_heads"]):
+        return
+    if _mask_batch_probe(report, module, x):
+        return
+    # one head and identity projections: the module is the attention function itself
+    scratch = _Report("scratch", verbose=False)
+    d = 8
+    try:
+        kwargs = _by_name(cls, ("d_model", "n_heads", "dropout"), (d, 1, 0.1))
+        try:
+            single = cls(d, 1, 0.1)
+        except Exception:  # noqa: BLE001 - try the keyword form
+            if kwargs is None:
+                return
+            single = cls(**kwargs)
+        single.eval()
+        ident = MultiHeadAttention(d, 1, dropout=0.1).eval()
+        for lin in (ident.w_q, ident.w_k, ident.w_v, ident.w_o):
+            lin.weight.copy_(torch.eye(d))
+            lin.bias.zero_()
+        probe_x = torch.zeros(1, 3, d)
+        copy_reference(scratch, single, ident, warmup=lambda m: m(probe_x, probe_x, probe_x),
+                       strict=True)
+    except Exception:  # noqa: BLE001 - a layout the single-head probe cannot build
+        return
+
+    def attend(q, k, v, m):
+        args = (q[:, 0], k[:, 0], v[:, 0]) + (() if m is None else (m[:, 0],))
+        out = single(*args)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        return out.unsqueeze(1)
+
+    localize_attention(report, attend, "with one head and identity projections, ")
+
+
+def _mask_batch_probe(report: _Report, module, x) -> bool:
+    """A mask set for batch element 0 only must leave batch element 1's output alone."""
+    n, length = x.shape[:2]
+    mask = torch.zeros(n, length, length, dtype=torch.bool)
+    mask[0, :, -2:] = True
+    try:
+        plain = module(x.clone(), x.clone(), x.clone())
+        masked = module(x.clone(), x.clone(), x.clone(), mask)
+        plain = plain[0] if isinstance(plain, (tuple, list)) else plain
+        masked = masked[0] if isinstance(masked, (tuple, list)) else masked
+    except Exception:  # noqa: BLE001 - the main probes already reported exceptions
+        return False
+    if _close(masked[1:], plain[1:]):
+        return False
+    report.mistake("mask_wrong_batch", "a mask that hides keys only for batch element 0 "
+                   "changes batch element 1's output: the mask is repeated or reshaped over "
+                   "batch and heads in another order than the scores")
+    return True

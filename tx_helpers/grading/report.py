@@ -97,6 +97,10 @@ class _Report:
         if text not in self.notes:
             self.notes.append(text)
 
+    def only_mismatch(self) -> bool:
+        """The numbers differ and no probe has said why yet: time for the localising probes."""
+        return set(self.found) == {"mismatch"}
+
     def finish(self) -> CheckResult:
         if len(self.found) > 1:  # a named mistake explains the mismatch
             self.found.pop("mismatch", None)

@@ -203,19 +203,20 @@ class _Copier:
             if not list(ref_mod.parameters(recurse=False)):
                 continue
             mine, where = locate(self.learner, path)
-            if mine is None and isinstance(ref_mod, nn.Linear):
+            if mine is None and isinstance(ref_mod, (nn.Linear, nn.LayerNorm)):
                 parent = path.rsplit(".", 1)[0] if "." in path else ""
                 pending.setdefault(parent, []).append((path, ref_mod))
                 continue
             self.leaf(path, ref_mod, mine, where)
-        for parent, items in pending.items():  # leftover Linears: match by shape, in order
+        for parent, items in pending.items():  # leftover Linears/LayerNorms: by shape, in order
             owner = locate(self.learner, parent)[0] if parent else self.learner
-            rest = [m for m in (owner.modules() if owner is not None else [])
-                    if isinstance(m, nn.Linear) and id(m.weight) not in self.used]
             for path, ref_mod in items:
+                kind = type(ref_mod) if isinstance(ref_mod, (nn.Linear, nn.LayerNorm)) else None
+                rest = [m for m in (owner.modules() if owner is not None else [])
+                        if isinstance(m, kind) and getattr(m, "weight", None) is not None
+                        and id(m.weight) not in self.used]
                 lin = next((m for m in rest if m.weight.shape == ref_mod.weight.shape), None)
                 if lin is not None:
-                    rest.remove(lin)
                     self.used.add(id(lin.weight))
                 self.leaf(path, ref_mod, lin, f"{path} (matched by shape)" if lin else path)
 

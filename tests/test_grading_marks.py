@@ -1,0 +1,125 @@
+"""Marks per exercise (issue 23, item 5): partial credit, delegation, predictions, feedback."""
+import csv
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from torch import nn
+
+import tx_helpers as tx
+from tx_helpers import grading as g
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+
+def padding_delegates(seq, pad_idx):
+    return tx.padding_mask(seq, pad_idx)
+
+
+def lookahead_diag0(size):
+    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=0)
+
+
+def lookahead_stub(size):
+    raise NotImplementedError("write it")
+
+
+class FFNSubclass(tx.FeedForward):
+    pass
+
+
+class LayerUsingTxAttention(nn.Module):  # tx.MultiHeadAttention as a part: fine
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = tx.MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = tx.FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.drop(self.self_attn(x, x, x, mask)))
+        return self.norm2(x + self.drop(self.feed_forward(x)))
+
+
+def test_delegation_is_flagged_and_not_credited():
+    mark = g.mark_exercise("padding_mask", padding_delegates, points=2, verbose=False)
+    assert mark.result.passed and mark.score == 0 and not mark.passed
+    assert "tx.padding_mask" in mark.delegated
+    assert any("Not credited" in line for line in mark.lines)
+    mark = g.mark_exercise("FeedForward", FFNSubclass, verbose=False)
+    assert mark.score == 0 and "subclasses" in mark.delegated
+
+
+def test_using_another_tx_block_as_a_part_is_credited():
+    mark = g.mark_exercise("EncoderLayer", LayerUsingTxAttention, verbose=False)
+    assert mark.delegated is None and mark.score == 1.0, mark.lines
+
+
+def test_partial_credit_is_the_share_of_probes_passed():
+    full = g.mark_exercise("lookahead_mask", tx.lookahead_mask, points=3, verbose=False)
+    assert full.score == 3 and full.passed
+    wrong = g.mark_exercise("lookahead_mask", lookahead_diag0, points=3, verbose=False)
+    ok, total = wrong.probes
+    assert not wrong.passed and wrong.score == round(3 * ok / total, 2)
+    stub = g.mark_exercise("lookahead_mask", lookahead_stub, points=3, verbose=False)
+    assert stub.score == 0 and "not implemented" in "\n".join(stub.lines)
+
+
+def test_mark_prints_the_full_report(capsys):
+    g.mark_exercise("lookahead_mask", lookahead_diag0)
+    out = capsys.readouterr().out
+    assert out.startswith("Exercise lookahead_mask: 0/1 point(s)")
+    assert "✗ lookahead_fn(5)" in out and "Diagnosis: the look-ahead mask uses diagonal=0" in out
+
+
+def test_predictions_are_points():
+    results = [g.check_prediction("shape", (2, 3), (2, 3), verbose=False),
+               g.check_prediction("count", 5, 4, verbose=False),
+               g.check_prediction("count", 4, 4, verbose=False)]  # the last one counts
+    marks = g.mark_predictions(results, points_each=0.5)
+    assert [(m.exercise, m.score) for m in marks] == [("prediction: shape", 0.5),
+                                                      ("prediction: count", 0.5)]
+
+
+def test_bad_points_argument():
+    with pytest.raises(ValueError, match="points must be a number >= 0, got -1"):
+        g.mark_exercise("lookahead_mask", tx.lookahead_mask, points=-1)
+
+
+def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
+    import grade
+
+    code = ("import torch\nimport tx_helpers as tx\n\n"
+            "def padding_mask(seq, pad_idx):\n    return tx.padding_mask(seq, pad_idx)\n\n"
+            "def lookahead_mask(size):\n"
+            "    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=0)\n\n"
+            "def decoder_self_mask(tgt, pad_idx):\n    raise NotImplementedError('todo')\n")
+    cell = nbformat.v4.new_code_cell(code)
+    cell.metadata["tx_exercise"] = [
+        {"number": i + 1, "name": n, "section": "Masks"}
+        for i, n in enumerate(("padding_mask", "lookahead_mask", "decoder_self_mask"))]
+    pred = nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('mask shape', (4, 4), "
+                                     "tuple(lookahead_mask(4).shape))")
+    nb = nbformat.v4.new_notebook(cells=[cell, pred])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "bob_05.ipynb"
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    assert grade.main([str(path), "--out", str(out), "--timeout", "60"]) == 0
+    rows = {r["exercise"]: r for r in csv.DictReader(out.open()) if r["check"] != "cells"}
+    assert rows["1. padding_mask"]["points"] == "0.0"
+    assert "tx.padding_mask" in rows["1. padding_mask"]["delegated"]
+    assert rows["2. lookahead_mask"]["points"] == "0.0"
+    assert "lookahead_diagonal_0" in rows["2. lookahead_mask"]["mistakes"]
+    assert rows["3. decoder_self_mask"]["points"] == "0.0"
+    assert rows["prediction: mask shape"]["points"] == "0.5"
+    summary = (tmp_path / "grades_summary.txt").read_text()
+    assert "  marks: 0.5/3.5 points" in summary
+    feedback = (tmp_path / "grades_feedback" / "bob_05.txt").read_text()
+    assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/3.5 points")
+    assert "Not credited" in feedback and "✗ lookahead_fn(5)" in feedback
+    assert "not implemented" in feedback

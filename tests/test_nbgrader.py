@@ -1,0 +1,114 @@
+"""The real nbgrader, end to end, on the 05 masks lab (issue 23, item 4).
+
+``make nbgrader``'s exporter writes the course; nbgrader generates the student version,
+autogrades three submissions (correct, one mistake, untouched) against a SQLite gradebook and
+generates feedback. Full, partial and zero scores are asserted, and the feedback HTML must
+name the mistake. Needs ``requirements-teacher.txt`` (``make test-teacher`` installs it);
+skipped with the reason where nbgrader is missing.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+nbgrader = pytest.importorskip(
+    "nbgrader", reason="nbgrader is not installed: `make test-teacher` installs "
+    "requirements-teacher.txt into .venv and runs this test")
+
+ROOT = Path(__file__).resolve().parent.parent
+LAB = "05_masks"
+BIN = Path(sys.executable).parent
+
+
+def _run(args, cwd):
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+               PYTHONWARNINGS="ignore")
+    proc = subprocess.run([str(BIN / "nbgrader"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _submission(release: Path, source: Path, change=None):
+    """The released notebook with each answer cell filled from the source (solutions)."""
+    nb = nbformat.read(release, as_version=4)
+    solved = {c.metadata.get("nbgrader", {}).get("grade_id"): c.source
+              for c in nbformat.read(source, as_version=4).cells}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution"):
+            cell.source = solved[meta["grade_id"]]
+            if change is not None:
+                cell.source = change(cell.source)
+    return nb
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+                    str(course), "--only", LAB], check=True, capture_output=True)
+    _run(["generate_assignment", LAB, "--force"], course)
+    release = course / "release" / LAB / f"{LAB}.ipynb"
+    source = course / "source" / LAB / f"{LAB}.ipynb"
+    subs = {
+        "correct": _submission(release, source),
+        "mistake": _submission(release, source, lambda s: s.replace(
+            "dtype=torch.bool), diagonal=1)", "dtype=torch.bool), diagonal=0)")),
+        "untouched": nbformat.read(release, as_version=4),
+    }
+    assert "diagonal=0" in json.dumps(subs["mistake"]), "the planted mistake did not apply"
+    for student, nb in subs.items():
+        folder = course / "submitted" / student / LAB
+        folder.mkdir(parents=True)
+        nbformat.write(nb, folder / f"{LAB}.ipynb")
+        _run(["db", "student", "add", student], course)
+    _run(["autograde", LAB], course)
+    _run(["generate_feedback", LAB], course)
+    return course
+
+
+def test_scores_full_partial_and_zero(graded):
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{graded / 'gradebook.db'}") as gb:
+        scores = {s: gb.find_submission(LAB, s).score for s in ("correct", "mistake",
+                                                                  "untouched")}
+        top = gb.find_assignment(LAB).max_score
+    assert top == 3
+    assert scores["correct"] == top, scores
+    assert 0 < scores["mistake"] < top, scores
+    assert scores["untouched"] == 0, scores
+
+
+def test_feedback_names_the_mistake(graded):
+    html = (graded / "feedback" / "mistake" / LAB / f"{LAB}.html").read_text()
+    assert "diagonal=0" in html and "a token cannot attend" in html
+    assert "Exercise lookahead_mask: 0/1" in html
+    correct = (graded / "feedback" / "correct" / LAB / f"{LAB}.html").read_text()
+    assert "Exercise lookahead_mask: 1/1" in correct
+
+
+def test_student_version_hides_solutions_and_locks_cells(graded):
+    nb = nbformat.read(graded / "release" / LAB / f"{LAB}.ipynb", as_version=4)
+    answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert answers and all("raise NotImplementedError()" in c.source for c in answers)
+    assert not any("torch.triu(torch.ones(size, size" in c.source for c in answers)
+    assert all("# Hint:" in c.source for c in answers)
+    tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert [c.metadata["nbgrader"]["points"] for c in tests] == [1, 1, 1]
+    assert all(c.metadata["nbgrader"]["locked"] for c in nb.cells
+               if not c.metadata["nbgrader"]["solution"])
+
+
+def test_every_lab_exports(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+                           str(tmp_path)], check=True, capture_output=True, text=True)
+    sources = sorted(p.parent.name for p in (tmp_path / "source").glob("*/*.ipynb"))
+    assert LAB in sources and len(sources) >= 8, proc.stdout
+    assert shutil.which("nbgrader", path=str(BIN))

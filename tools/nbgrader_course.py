@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Export every lab into an nbgrader course folder (``make nbgrader``).
+
+  .venv/bin/python tools/nbgrader_course.py --out course [--only 05_masks ...]
+
+For each solved notebook with solution regions (``### BEGIN SOLUTION`` ... ``### END
+SOLUTION``), ``course/source/<notebook stem>/<notebook>.ipynb`` is written in nbgrader's
+format:
+
+- every cell that holds a solution region is an *autograded answer* cell (nbgrader replaces
+  each region with ``raise NotImplementedError()``; the region's ``### HINT:`` line is kept
+  as a ``# Hint:`` comment above it, so students still see it);
+- after it, one *autograder test* cell per class or function it defines that a check covers,
+  worth one point per exercise it holds: it calls :func:`tx_helpers.grading.mark_exercise`,
+  which prints the full report (the named mistake, the hint) and ends with the score, which
+  nbgrader reads as partial credit. Delegating to the ``tx_helpers`` reference earns 0;
+- each cell that calls ``check_prediction`` becomes a test cell worth ``--prediction-points``;
+- every other cell is *read-only* (locked);
+- lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell
+  are removed, as in ``notebooks/exercises/`` (a cell holding only such lines is dropped).
+
+Also written: ``course/nbgrader_config.py`` (course id, the stub, a cell timeout) and
+``course/README.md`` with the commands. Then, in ``course/``::
+
+  nbgrader generate_assignment 05_masks     # release/05_masks/: the student version
+  nbgrader autograde 05_masks               # after collecting submissions
+  nbgrader generate_feedback 05_masks       # feedback/<student>/05_masks/*.html
+
+The kernel that runs a submission must import ``tx_helpers`` (``make setup`` installs it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import make_exercises as mx  # noqa: E402
+from grade import defined_names  # noqa: E402
+
+from tx_helpers.grading import check_options  # noqa: E402
+
+SCHEMA = 3
+CONFIG = '''\
+# nbgrader configuration for the Transformer labs (written by tools/nbgrader_course.py).
+c = get_config()  # noqa: F821 - nbgrader provides it
+c.CourseDirectory.course_id = {course!r}
+c.CourseDirectory.db_url = "sqlite:///gradebook.db"
+c.ClearSolutions.code_stub = {{"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}}
+c.ClearSolutions.enforce_metadata = True
+c.Execute.timeout = {timeout}
+'''
+TEST_CELL = '''\
+# Autograded ({points:g} point{s}): {items}.
+# The check prints what is wrong and how to fix it; the last line is the score.
+import tx_helpers.grading as _grading
+_mark = _grading.mark_exercise({name!r}, {name}, points={points!r}{options})
+_mark.score'''
+PREDICTION_TAIL = '''
+# Autograded ({points:g} point): the prediction above; the last line is the score.
+import tx_helpers.grading as _grading
+_grading.mark_predictions(_grading.history()[-1:], points_each={points!r})[0].score'''
+
+
+def _meta(kind: str, grade_id: str, points: float | None = None) -> dict:
+    meta = {"grade": kind == "test", "grade_id": grade_id, "locked": kind != "solution",
+            "schema_version": SCHEMA, "solution": kind == "solution", "task": False}
+    if kind == "test":
+        meta["points"] = points
+    return meta
+
+
+def _check_label(name: str, is_class: bool) -> str | None:
+    """The check find_checks pairs with a class or function of this name, without running it."""
+    from torch import nn
+
+    from tx_helpers.grading import find_checks
+
+    dummy = type(name, (nn.Module,), {}) if is_class else (lambda *a, **k: None)
+    if not is_class:
+        dummy.__name__ = name
+    found = find_checks({name: dummy}, module=None)
+    return found[0][0] if found else None
+
+
+def _classes(source: str) -> set[str]:
+    import ast
+
+    lines = [ln for ln in source.split("\n") if not ln.lstrip().startswith(("%", "!"))]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return set()
+    return {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def _hidden_lines(source: str) -> str:
+    """The lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``."""
+    out, inside = [], False
+    for line in source.split("\n"):
+        if mx.BEGIN_HIDDEN.match(line):
+            inside = True
+        elif mx.END_HIDDEN.match(line):
+            inside = False
+        elif inside:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _hints_outside(source: str) -> str:
+    """Move each region's ``### HINT:`` line above its BEGIN line as a ``# Hint:`` comment."""
+    lines = source.split("\n")
+    for region in reversed(mx.find_regions(source)):
+        nxt = region.begin + 1
+        m = mx.HINT.match(lines[nxt]) if nxt < len(lines) else None
+        if m:
+            del lines[nxt]
+            lines.insert(region.begin, f"{region.indent}# Hint: {m.group('text')}")
+    return "\n".join(lines)
+
+
+def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object, float]:
+    """The nbgrader source version of one solved notebook, and its total points."""
+    nb = nbformat.read(path, as_version=4)
+    items_by_cell: dict[int, list[dict]] = {}
+    for item in mx.exercise_list(nb):
+        items_by_cell.setdefault(item["cell"], []).append(item)
+    stem = path.stem
+    cells, total, counter = [], 0.0, 0
+    all_code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+    def gid(kind: str) -> str:
+        nonlocal counter
+        counter += 1
+        return f"{stem}-{kind}-{counter:03d}"
+
+    for index, cell in enumerate(nb.cells):
+        cell = nbformat.from_dict(json.loads(json.dumps(cell)))
+        hidden = ""
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            original = cell.source
+            stripped = mx.strip_hidden_tests(original)
+            hidden = _hidden_lines(original)
+            if original.strip() and not stripped.strip() and index not in items_by_cell:
+                continue  # only hidden tests: dropped, as in the exercise copies
+            cell.source = stripped
+        for key in ("execution", "ExecuteTime", "collapsed", "scrolled", mx.META_KEY):
+            cell.metadata.pop(key, None)
+        if index in items_by_cell:
+            cell.source = _hints_outside(cell.source)
+            cell.metadata["nbgrader"] = _meta("solution", gid("answer"))
+            cells.append(cell)
+            classes = _classes(cell.source)
+            for name in defined_names(cell.source):
+                items = [i for i in items_by_cell[index] if i["name"].split(".")[0] == name]
+                if not items or _check_label(name, name in classes) is None:
+                    continue
+                points = float(len(items))
+                total += points
+                options = "".join(f", {k}={v!r}" for k, v in check_options(
+                    all_code, name).items())
+                source = TEST_CELL.format(
+                    points=points, s="" if points == 1 else "s", name=name, options=options,
+                    items=", ".join(f"{i['number']}. {i['name']}" for i in items))
+                if hidden:  # the exercise cell's hidden tests run here, hidden from students
+                    head, last = source.rsplit("\n", 1)
+                    source = (f"{head}\n### BEGIN HIDDEN TESTS\n{hidden}\n"
+                              f"### END HIDDEN TESTS\n{last}")
+                    hidden = ""
+                test = nbformat.v4.new_code_cell(source)
+                test.metadata["nbgrader"] = _meta("test", gid("test"), points)
+                cells.append(test)
+            continue
+        if cell.cell_type == "code" and re.search(r"\bcheck_prediction\(", cell.source):
+            cell.source = cell.source.rstrip() + "\n" + PREDICTION_TAIL.format(
+                points=prediction_points)
+            cell.metadata["nbgrader"] = _meta("test", gid("prediction"), prediction_points)
+            total += prediction_points
+        else:
+            cell.metadata["nbgrader"] = _meta("readonly", gid("locked"))
+        cells.append(cell)
+    for cell in cells:
+        if nb.nbformat_minor < 5:
+            cell.pop("id", None)
+    nb.cells = cells
+    nb.metadata.pop("widgets", None)
+    return nb, total
+
+
+def labs(root: Path = ROOT) -> list[Path]:
+    """Every solved notebook with at least one solution region."""
+    return [p for p in sorted((root / "notebooks").glob("[0-9]*.ipynb"))
+            if mx.has_regions(nbformat.read(p, as_version=4))]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("course"))
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="notebook stems to export (default: every lab)")
+    parser.add_argument("--course-id", default="transformer-labs")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    parser.add_argument("--prediction-points", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    chosen = [p for p in labs() if args.only is None or p.stem in args.only]
+    if args.only and len(chosen) != len(args.only):
+        missing = set(args.only) - {p.stem for p in chosen}
+        parser.error(f"--only: no lab named {sorted(missing)} (labs: "
+                     f"{', '.join(p.stem for p in labs())})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "nbgrader_config.py").write_text(
+        CONFIG.format(course=args.course_id, timeout=args.timeout), encoding="utf-8")
+    lines = []
+    for path in chosen:
+        nb, total = export_notebook(path, args.prediction_points)
+        folder = args.out / "source" / path.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, folder / path.name)
+        lines.append(f"- `{path.stem}`: {total:g} autograded point(s)")
+        print(f"{folder / path.name}: {total:g} point(s)")
+    (args.out / "README.md").write_text(
+        "# nbgrader course: the Transformer labs\n\nWritten by `tools/nbgrader_course.py`; "
+        "see docs/nbgrader.md in the repository.\n\nAssignments:\n\n" + "\n".join(lines)
+        + "\n\nIn this folder: `nbgrader generate_assignment NAME`, collect submissions into "
+        "`submitted/<student>/NAME/`, `nbgrader autograde NAME`, "
+        "`nbgrader generate_feedback NAME`.\n", encoding="utf-8")
+    print(f"wrote {len(chosen)} assignment(s) under {args.out / 'source'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

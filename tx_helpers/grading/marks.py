@@ -1,0 +1,246 @@
+"""Marks a teacher can put in a gradebook: points per exercise, partial credit, delegation.
+
+One exercise, one mark::
+
+    m = tx.grading.mark_exercise("padding_mask", padding_mask, points=2)
+    m.score      # 2.0 when the check passes; else 2 x (probes passed / probes); 0 if delegated
+
+- **Partial credit**: a failed check earns ``points x probes passed / probes``; the report
+  shows every probe, so the teacher sees where the fraction comes from. An untouched stub
+  (``NotImplementedError``) passes no probe and earns 0.
+- **Delegation**: an exercise whose code calls the ``tx_helpers`` reference for the same
+  block (``return tx.padding_mask(seq, pad_idx)``, ``class MHA(tx.MultiHeadAttention)``) is
+  flagged and earns 0, whatever the check says. Using other ``tx`` blocks as parts is fine
+  (a decoder layer may use ``tx.MultiHeadAttention``).
+- **The checker's own crash** earns 0 and says the exercise needs marking by hand.
+- **Predictions** (:func:`tx_helpers.grading.check_prediction`) are marked by
+  :func:`mark_predictions`, each worth ``points_each``.
+
+``tools/grade.py`` and the nbgrader test cells (``tools/nbgrader_course.py``) both call
+:func:`mark_exercise`, so the two routes give the same marks.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+import types
+import warnings
+from dataclasses import dataclass, field
+
+from .report import CheckResult, history
+
+# the tx_helpers objects that ARE the answer to each check's exercise
+REFERENCES: dict[str, tuple[str, ...]] = {
+    "check_positional_encoding": ("sinusoidal_table", "PositionalEncoding"),
+    "check_attention": ("scaled_dot_product_attention", "attention"),
+    "check_multi_head_attention": ("MultiHeadAttention",),
+    "check_masks": ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask",
+                    "cross_attention_mask"),
+    "check_feed_forward": ("FeedForward",),
+    "check_encoder_layer": ("EncoderLayer",),
+    "check_decoder_layer": ("DecoderLayer",),
+    "check_transformer": ("Transformer",),
+    "check_train_step": ("train_step",),
+    "check_label_smoothing": ("label_smoothing_loss", "LabelSmoothingLoss"),
+    "check_greedy_decode": ("greedy_decode",),
+}
+
+
+def _is_tx(obj) -> bool:
+    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(
+        obj, "__module__", "") or ""
+    return name == "tx_helpers" or name.startswith("tx_helpers.")
+
+
+def find_delegation(obj, check_name: str) -> str | None:
+    """What in ``obj``'s own code hands the exercise to the tx reference, or None.
+
+    Looks at the source (``inspect.getsource``; IPython keeps cell sources) for a name or
+    attribute that resolves to a ``tx_helpers`` object listed in :data:`REFERENCES` for
+    ``check_name``, and at the class's bases.
+    """
+    refs = set(REFERENCES.get(check_name, ()))
+    if not refs:
+        return None
+    target = getattr(obj, "func", obj)  # a functools.partial
+    if isinstance(target, type):
+        for base in target.__mro__[1:]:
+            if _is_tx(base) and base.__name__ in refs:
+                return f"{target.__name__} subclasses tx_helpers' {base.__name__}"
+        module = sys.modules.get(target.__module__)
+        scope = vars(module) if module is not None else {}
+    else:
+        scope = getattr(target, "__globals__", {})
+    try:
+        source = textwrap.dedent(inspect.getsource(target))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in refs:
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and _is_tx(scope.get(root.id)):
+                return f"it calls {ast.unparse(node)}, the reference this exercise rebuilds"
+        elif isinstance(node, ast.Name) and node.id in refs:
+            value = scope.get(node.id)
+            if value is not None and _is_tx(value) and getattr(value, "__name__", "") in refs:
+                return f"it calls {node.id}, imported from tx_helpers: the reference itself"
+    return None
+
+
+@dataclass
+class Mark:
+    """One exercise's mark: ``score`` of ``points``, and why."""
+
+    exercise: str
+    score: float
+    points: float
+    passed: bool
+    delegated: str | None = None
+    needs_review: bool = False
+    result: CheckResult | None = None
+    probes: tuple[int, int] = (0, 0)
+    lines: list[str] = field(default_factory=list)
+
+    def __float__(self) -> float:
+        return float(self.score)
+
+    def __repr__(self) -> str:
+        return f"<Mark {self.exercise}: {self.score:g}/{self.points:g}>"
+
+    def as_dict(self) -> dict:
+        return {"exercise": self.exercise, "score": self.score, "points": self.points,
+                "passed": self.passed, "delegated": self.delegated or "",
+                "needs_review": self.needs_review, "probes": list(self.probes),
+                "lines": list(self.lines),
+                "result": self.result.as_dict() if self.result is not None else None}
+
+
+def _probes(result: CheckResult) -> tuple[int, int]:
+    ok = sum(1 for m in result.messages if m.startswith("  ✓ "))
+    bad = sum(1 for m in result.messages if m.startswith("  ✗ "))
+    return ok, ok + bad
+
+
+def _choose_check(name: str, obj):
+    from .discovery import find_checks
+
+    found = find_checks({name: obj}, module=None)
+    if not found:
+        raise ValueError(f"no check matches the name {name!r}; pass check=tx.grading.check_...")
+    return found[0]
+
+
+def mark_result(exercise: str, result: CheckResult, points: float = 1.0,
+                delegated: str | None = None) -> Mark:
+    """The mark for a check already run (see :func:`mark_exercise`)."""
+    ok, total = _probes(result)
+    review = "checker_failed" in result.mistakes
+    if delegated:
+        score = 0.0
+    elif result.passed:
+        score = float(points)
+    elif review:
+        score = 0.0
+    else:
+        score = round(points * ok / total, 2) if total else 0.0
+    lines = [f"Exercise {exercise}: {score:g}/{points:g} point(s)"
+             + (f" ({ok}/{total} probes passed)" if not result.passed else "")]
+    if delegated:
+        lines.append(f"  Not credited: {delegated}. Write this part yourself; the check "
+                     "below ran on it anyway.")
+    if review:
+        lines.append("  The check itself failed on this code: your teacher will mark it by "
+                     "hand.")
+    lines += ["  " + line for line in result.report.split("\n")]
+    return Mark(exercise, score, float(points), result.passed and not delegated, delegated,
+                review, result, (ok, total), lines)
+
+
+def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbose: bool = True,
+                  **check_kwargs) -> Mark:
+    """Run the check for ``obj`` (chosen by name unless ``check`` is given) and mark it.
+
+    Prints the mark line and the full report when ``verbose``. Warnings raised inside the
+    learner's code are silenced here (nbgrader scores a test cell that writes to stderr 0).
+    """
+    if not isinstance(points, (int, float)) or points < 0:
+        raise ValueError(f"points must be a number >= 0, got {points!r}")
+    if check is None:
+        label, run = _choose_check(exercise, obj)
+        check_name = label.split("(")[0]
+        runner = run
+        if check_kwargs:  # the exercise's own options, e.g. odd_d_model=True
+            from . import discovery
+
+            fn = getattr(discovery, check_name)
+            if check_name == "check_masks":
+                slot = label.split("(", 1)[1].split("=", 1)[0]
+
+                def runner(verbose=False):
+                    return fn(**{slot: obj}, verbose=verbose, **check_kwargs)
+            else:
+                def runner(verbose=False):
+                    return fn(obj, verbose=verbose, **check_kwargs)
+    else:
+        check_name = getattr(check, "__name__", getattr(getattr(check, "func", None),
+                                                        "__name__", ""))
+
+        def runner(verbose=False):
+            if check_name == "check_masks" and not check_kwargs:
+                return check(obj, verbose=verbose)
+            return check(obj, verbose=verbose, **check_kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = runner(verbose=False)
+    mark = mark_result(exercise, result, points, find_delegation(obj, check_name))
+    if verbose:
+        text = "\n".join(mark.lines)
+        try:
+            print(text)
+        except UnicodeEncodeError:
+            print(text.replace("✓", "ok").replace("✗", "XX"))
+    return mark
+
+
+def mark_predictions(results: list[CheckResult] | None = None, points_each: float = 0.5
+                     ) -> list[Mark]:
+    """One mark per prediction (the last check of each), from ``results`` or the history."""
+    results = [r for r in (history() if results is None else results)
+               if r.name == "check_prediction"]
+    last: dict[str, CheckResult] = {}
+    for r in results:
+        last[r.subject] = r
+    return [mark_result(f"prediction: {name}", r, points_each) for name, r in last.items()]
+
+
+def check_options(source: str, name: str) -> dict:
+    """Keyword options a notebook passes when it checks ``name`` itself, such as
+    ``check_positional_encoding(positional_table, odd_d_model=True)``: literal values only,
+    so the graded run asks what the exercise asked."""
+    options: dict = {}
+    try:
+        tree = ast.parse("\n".join(line for line in source.split("\n")
+                                   if not line.lstrip().startswith(("%", "!"))))
+    except SyntaxError:
+        return options
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and (getattr(node.func, "attr", "") or getattr(
+                node.func, "id", "")).startswith("check_")):
+            continue
+        names = [a.id for a in node.args if isinstance(a, ast.Name)]
+        names += [k.value.id for k in node.keywords if isinstance(k.value, ast.Name)]
+        if name not in names:
+            continue
+        for kw in node.keywords:
+            if kw.arg in (None, "verbose") or isinstance(kw.value, ast.Name):
+                continue
+            try:
+                options[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError:
+                continue
+    return options
