@@ -56,3 +56,14 @@ def test_bad_arguments_say_what_was_expected():
         tx.grading.check_prediction("", 1, 1)
     with pytest.raises(ValueError, match=r"tol must be a number >= 0 or None, got -1"):
         tx.grading.check_prediction("x", 1, 1, tol=-1)
+
+
+@pytest.mark.parametrize("given, want", [("True", True), (" false ", False), ("9", 9),
+                                         ("32,768", 32768), ("near 100 %", "near 100%")])
+def test_answers_typed_as_text_are_read_as_the_answer_kind(given, want):
+    assert tx.grading.check_prediction("x", given, want, verbose=False).passed
+
+
+def test_text_that_is_not_the_answer_kind_still_fails():
+    assert not tx.grading.check_prediction("x", "nine", 9, verbose=False).passed
+    assert not tx.grading.check_prediction("x", "yes", True, verbose=False).passed

@@ -14,6 +14,7 @@ reveal still shows.
 from __future__ import annotations
 
 import math
+import re
 from numbers import Real
 
 import torch
@@ -43,13 +44,29 @@ def _normalise(value):
         return tuple(_normalise(v) for v in value)
     if isinstance(value, tuple):
         return tuple(_normalise(v) for v in value)
-    if isinstance(value, str):
-        return value.strip().lower()
+    if isinstance(value, str):  # case, spacing and "100 %" vs "100%" do not matter
+        return re.sub(r"\s+%", "%", " ".join(value.split())).lower()
     return value
+
+
+def _coerce(given, want):
+    """A prediction typed as text ("True", "9", "0.5") is read as the kind of the answer."""
+    if not isinstance(given, str) or isinstance(want, str):
+        return given
+    text = given.strip().lower()
+    if isinstance(want, bool):
+        return {"true": True, "false": False}.get(text, given)
+    if isinstance(want, Real):
+        try:
+            return float(text.replace(",", ""))
+        except ValueError:
+            return given
+    return given
 
 
 def _same(given, want, tol: float | None, rel: float | None) -> bool:
     given, want = _normalise(given), _normalise(want)
+    given = _coerce(given, want)
     numbers = all(isinstance(v, Real) and not isinstance(v, bool) for v in (given, want))
     if numbers and (tol is not None or rel is not None):
         bound = max(tol or 0.0, (rel or 0.0) * abs(want))
