@@ -27,6 +27,7 @@ from .attention import check_attention
 from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
 from .feed_forward import check_feed_forward
+from .g2p import check_phone_error_rate
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .masks import check_masks
@@ -44,5 +45,5 @@ __all__ = [
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
-    "check_namespace", "check_shape_quiz", "check_prediction",
+    "check_namespace", "check_shape_quiz", "check_prediction", "check_phone_error_rate",
 ]
