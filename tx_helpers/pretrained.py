@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from . import g2p
 from .data import DATE_VOCAB, DatePairs, date_batches, date_model_config
+from .g2p_data import LETTER_VOCAB, PHONE_VOCAB, g2p_model_config, g2p_training
 from .model import Transformer
 from .notebook import get_device
+from .recipes import DATES_RECIPE, RECIPES, is_g2p, recipe_hash
 from .training import (
     History,
     atomic_write,
@@ -41,38 +42,8 @@ from .training import (
     train,
 )
 
-#: Everything that decides the trained dates weights. Bump ``version`` when code
-#: that the recipe does not name changes the result.
-DATES_RECIPE = {
-    "version": 2,
-    # v1 was Post-LN with dropout 0.1 and warmup 200 at factor 1.0 (about 97.5%).
-    # v2: Pre-LN, no dropout (every batch is fresh data), a short warmup at a lower
-    # factor. Notebook 10 compares Post-LN and Pre-LN under one budget.
-    "model": {"d_model": 64, "n_heads": 4, "d_ff": 256, "n_layers": 2, "dropout": 0.0,
-              "norm_first": True},
-    "seed": 0,
-    "steps": 700,
-    "batch_size": 128,
-    "bucket": 1,
-    "warmup": 50,
-    "factor": 0.3,
-    "label_smoothing": 0.1,
-    "clip_norm": 1.0,
-    "split_seed": 0,
-    "test_fraction": 0.1,
-}
-
-#: The shipped models: name -> recipe. The under-trained model is the same run
-#: stopped after a quarter of its steps (notebook 09 studies its mistakes); the
-#: Post-LN model is the same recipe with the paper's layer order (notebook 08
-#: compares the two).
-RECIPES = {
-    "dates": DATES_RECIPE,
-    "dates-under-trained": {**DATES_RECIPE, "steps": DATES_RECIPE["steps"] // 4},
-    "dates-post-ln": {**DATES_RECIPE, "model": {**DATES_RECIPE["model"], "norm_first": False}},
-    "g2p": g2p.G2P_RECIPE,
-}
-
+# The recipes and the registry of shipped models (RECIPES) live in .recipes, which imports
+# nothing from tx_helpers; tx.pretrained.DATES_RECIPE, RECIPES and recipe_hash still work.
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 MANIFEST = MODELS_DIR / "MANIFEST.json"
 REBUILD = "make models"  # the command that rebuilds every shipped model
@@ -83,12 +54,6 @@ CHECKPOINT_EVERY = 100  # steps between checkpoints
 
 class ModelFileError(ValueError):
     """A shipped model file is missing, corrupt, or does not match its recipe."""
-
-
-def recipe_hash(recipe: dict = DATES_RECIPE) -> str:
-    """First 12 hex digits of the SHA-256 of the recipe as sorted JSON."""
-    blob = json.dumps(recipe, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def weights_sha256(state_dict: dict) -> str:
@@ -116,20 +81,15 @@ def _recipe(name: str) -> dict:
     return RECIPES[name]
 
 
-def _is_g2p(recipe: dict) -> bool:
-    # The dates recipes predate the "task" key; adding it would change their hashes.
-    return recipe.get("task") == "g2p"
-
-
 def _config(recipe: dict):
-    make = g2p.g2p_model_config if _is_g2p(recipe) else date_model_config
+    make = g2p_model_config if is_g2p(recipe) else date_model_config
     return make(**recipe["model"])
 
 
 def _vocab(recipe: dict) -> str:
     """The vocabulary a model file must hold, as one string."""
-    if _is_g2p(recipe):
-        return " ".join(g2p.LETTER_VOCAB.itos) + " | " + " ".join(g2p.PHONE_VOCAB.itos)
+    if is_g2p(recipe):
+        return " ".join(LETTER_VOCAB.itos) + " | " + " ".join(PHONE_VOCAB.itos)
     return "".join(DATE_VOCAB.itos)
 
 
@@ -155,8 +115,8 @@ def dates_training(recipe: dict = DATES_RECIPE):
 
 def _training(recipe: dict, start: int):
     """``(model, optimizer, scheduler, batches)`` for any recipe, batches from step ``start``."""
-    if _is_g2p(recipe):
-        return g2p.g2p_training(recipe, start)
+    if is_g2p(recipe):
+        return g2p_training(recipe, start)
     model, optimizer, scheduler, batches = dates_training(recipe)
     return model, optimizer, scheduler, itertools.islice(batches, start, None)
 

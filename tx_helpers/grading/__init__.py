@@ -28,6 +28,7 @@ from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
 from .distributed import check_amp_step, check_token_mean_loss
 from .feed_forward import check_feed_forward
+from .g2p import check_phone_error_rate
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .marks import (
@@ -57,4 +58,5 @@ __all__ = [
     "check_token_mean_loss", "check_amp_step",
     "Mark", "mark_exercise", "mark_result", "mark_predictions", "find_delegation",
     "check_options",
+    "check_phone_error_rate",
 ]

@@ -1,0 +1,59 @@
+"""tx.grading.check_phone_error_rate: passes the reference, names each likely mistake."""
+import pytest
+
+import tx_helpers as tx
+from tx_helpers import g2p
+
+
+def _closest(p, refs):
+    return min(refs, key=lambda r: g2p.edit_distance(p, r))
+
+
+def first_reference(predictions, references):
+    return (sum(g2p.edit_distance(p, r[0]) for p, r in zip(predictions, references, strict=True))
+            / sum(len(r[0]) for r in references))
+
+
+def by_prediction_length(predictions, references):
+    errors = sum(g2p.edit_distance(p, _closest(p, r))
+                 for p, r in zip(predictions, references, strict=True))
+    return errors / sum(len(p) for p in predictions)
+
+
+def mean_of_word_rates(predictions, references):
+    rates = [g2p.edit_distance(p, _closest(p, r)) / len(_closest(p, r))
+             for p, r in zip(predictions, references, strict=True)]
+    return sum(rates) / len(rates)
+
+
+def word_error_rate(predictions, references):
+    return g2p.word_error_rate(predictions, references)
+
+
+def stub(predictions, references):
+    raise NotImplementedError("return the phone error rate")
+
+
+def test_the_reference_passes():
+    result = tx.grading.check_phone_error_rate(g2p.phone_error_rate, verbose=False)
+    assert result.passed and result.mistakes == []
+
+
+@pytest.mark.parametrize("fn, key", [
+    (first_reference, "per_first_reference"),
+    (by_prediction_length, "per_divides_by_prediction"),
+    (mean_of_word_rates, "per_mean_of_word_rates"),
+    (word_error_rate, "per_word_error_rate"),
+    (stub, "not_implemented"),
+    (lambda p, r: "0.1", "per_not_a_number"),
+])
+def test_each_likely_mistake_is_named(fn, key):
+    result = tx.grading.check_phone_error_rate(fn, verbose=False)
+    assert not result.passed
+    assert result.mistakes[0] == key, result.report
+
+
+def test_the_report_says_what_was_expected(capsys):
+    tx.grading.check_phone_error_rate(first_reference)
+    out = capsys.readouterr().out
+    assert "check_phone_error_rate: FAILED" in out and "closest" in out

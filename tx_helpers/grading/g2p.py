@@ -1,0 +1,95 @@
+"""Check: a learner's phone error rate (notebook 13's lab) against ``tx.g2p.phone_error_rate``.
+
+The learner writes ``fn(predictions, references) -> float``: ``predictions`` holds one list
+of phones per word, ``references`` per word a list of its pronunciations (each a list of
+phones). The check scores hand-made cases on which the usual wrong versions give different
+numbers, and names the version the learner's numbers match.
+"""
+from __future__ import annotations
+
+import math
+
+from ..g2p import edit_distance, phone_error_rate
+from .mistakes import MISTAKES
+from .report import CheckResult, _call, _Report, _run_check
+
+MISTAKES.update({
+    "per_first_reference": (
+        "the edit distance is taken to the first listed pronunciation, not the closest one, so "
+        "a word said the other valid way (read as R IY D) counts as errors",
+        "for each word take the smallest distance over all its pronunciations"),
+    "per_closest_distance_first_length": (
+        "the distance is to the closest pronunciation, but the length added to the "
+        "denominator is the first one's",
+        "add the length of the same pronunciation whose distance you counted"),
+    "per_divides_by_prediction": (
+        "the errors are divided by the number of predicted phones, so a prediction that "
+        "runs on (or stops early) changes the denominator and the rate can even fall",
+        "divide by the summed length of the reference pronunciations you compared with"),
+    "per_mean_of_word_rates": (
+        "each word's rate is computed and the rates are averaged, so a short word weighs as "
+        "much as a long one",
+        "sum the errors over all words and the reference lengths over all words, then divide "
+        "once"),
+    "per_word_error_rate": (
+        "this is the word error rate (share of words with any error), not the phone error rate",
+        "count edits (insertions, deletions, substitutions), not wrong words"),
+    "per_not_a_number": ("the function did not return a number",
+                         "return one float: total errors / total reference phones"),
+})
+
+# (predictions, references): each case separates the right rate from the wrong versions
+_CASES = [
+    ("one word, one pronunciation, one substitution",
+     [["N", "AY", "T"]], [[["N", "EY", "T"]]]),
+    ("the prediction is the second pronunciation (read as R IY D)",
+     [["R", "IY", "D"], ["K", "AE", "T"]], [[["R", "EH", "D"], ["R", "IY", "D"]],
+                                            [["K", "AE", "T"]]]),
+    ("a prediction that runs on without stopping, next to a short word",
+     [["AH"] * 12, ["T", "UW"]], [[["AH", "B", "AW", "T"]], [["T", "UW"]]]),
+    ("the closest pronunciation is longer than the first",
+     [["R", "IH", "K", "AO", "R", "D"], ["AY"]],
+     [[["R", "EH", "K", "ER", "D"], ["R", "IH", "K", "AO", "R", "D"]], [["AY"]]]),
+    ("a short word with many errors and a long one with few",
+     [["B", "IY"], ["S", "AY", "K", "AA", "L", "AH", "JH", "IY", "Z"]],
+     [[["AE", "B"]], [["S", "AY", "K", "AA", "L", "AH", "JH", "IY"]]]),
+]
+
+
+def _variants(predictions, references) -> dict[str, float]:
+    pairs = list(zip(predictions, references, strict=True))
+    first = sum(edit_distance(p, r[0]) for p, r in pairs)
+    first_len = sum(len(r[0]) for r in references)
+    closest = [min(r, key=lambda ref: edit_distance(p, ref)) for p, r in pairs]
+    errors = [edit_distance(p, c) for p, c in zip(predictions, closest, strict=True)]
+    return {
+        "per_first_reference": first / first_len,
+        "per_closest_distance_first_length": sum(errors) / first_len,
+        "per_divides_by_prediction": sum(errors) / max(sum(map(len, predictions)), 1),
+        "per_mean_of_word_rates": sum(e / len(c) for e, c in zip(errors, closest, strict=True))
+        / len(closest),
+        "per_word_error_rate": sum(p not in r for p, r in pairs) / len(references),
+    }
+
+
+def check_phone_error_rate(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(predictions, references) -> float`` against ``tx.g2p.phone_error_rate``."""
+
+    def body(report: _Report):
+        for what, predictions, references in _CASES:
+            got = _call(report, f"fn(...) on: {what}", fn,
+                        [list(p) for p in predictions], [[list(r) for r in refs]
+                                                         for refs in references])
+            want = phone_error_rate(predictions, references)
+            if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+                report.probe(False, f"{what}: returned {got!r}, expected the number {want:.4f}")
+                report.mistake("per_not_a_number", f"got {type(got).__name__}")
+                continue
+            ok = abs(got - want) < 1e-9
+            report.probe(ok, f"{what}: {got:.4f}" + ("" if ok else f", expected {want:.4f}"))
+            if not ok:
+                wrong = [k for k, v in _variants(predictions, references).items()
+                         if abs(v - want) > 1e-9 and abs(got - v) < 1e-9]
+                report.mistake(wrong[0] if wrong else "mismatch")
+
+    return _run_check("check_phone_error_rate", body, verbose, fn)
