@@ -217,6 +217,10 @@ def test_copies_drop_answers_and_keep_questions_and_hints():
     meta = ex.metadata[mx.LAB_KEY]
     assert [p["name"] for p in meta["predictions"]] == ["n_params"] and len(meta["written"]) == 1
     assert "1 prediction:" in ex.cells[0].source and "1 written question" in ex.cells[0].source
+    grader = next(c for c in ex.cells if "check_prediction" in c.source)
+    assert grader.metadata["jupyter"] == {"source_hidden": True}
+    assert mx.PREDICTION_FLOW in next(c.source for c in ex.cells
+                                      if c.cell_type == "code" and "# your prediction" in c.source)
 
 
 def test_answer_space_tag_puts_an_ungraded_answer_cell_before_the_proof():
@@ -251,6 +255,30 @@ def test_exercise_copy_holds_no_answer(path, copies):
     found = answers_in(exercise)
     found += [f"solution code of {leak}" for leak in solution_leaks(_read(path), exercise)]
     assert not found, f"{path.name}: the exercise copy gives answers away:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_prediction_grading_cells_are_collapsed_in_the_copy(path, copies):
+    """A check_prediction cell names the answer (and the usual wrong ones): in the exercise
+    copy its code is collapsed, and the prediction cell and the top note say to run it unopened."""
+    exercise = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name],
+                              as_version=4)
+    graders = [i for i, c in enumerate(exercise.cells)
+               if c.cell_type == "code" and mx.is_prediction_grader(c.source)]
+    shown = [i for i in graders
+             if not c_hidden(exercise.cells[i])]
+    assert not shown, f"{path.name}: check_prediction cells not collapsed: {shown}"
+    predicting = [c for c in exercise.cells
+                  if c.cell_type == "code" and "# your prediction" in c.source]
+    assert all(mx.PREDICTION_FLOW in c.source for c in predicting)
+    if predicting:
+        assert "collapsed on purpose" in exercise.cells[0].source
+    solved = _read(path)  # the solved notebook shows every cell
+    assert not any(c_hidden(c) for c in solved.cells)
+
+
+def c_hidden(cell) -> bool:
+    return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
 
 
 def test_solution_leak_detector_finds_a_repeated_demonstration():

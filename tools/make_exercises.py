@@ -6,7 +6,10 @@ For every solved notebook notebooks/NN_*.ipynb, writes notebooks/exercises/NN_*.
 - each region between a line ``### BEGIN SOLUTION`` and a line ``### END SOLUTION``
   becomes ``raise NotImplementedError("<hint>")`` at the region's indentation; the
   hint is the text of a ``### HINT: ...`` line right after BEGIN, else a default;
-- each line ``name = value  ### PREDICTION`` becomes ``name = ...  # your prediction``;
+- each line ``name = value  ### PREDICTION`` becomes ``name = ...  # your prediction``, and
+  the code of each cell that calls ``check_prediction`` (it names the answer and the usual
+  wrong answers) is collapsed (cell metadata ``jupyter.source_hidden``): the learner runs it
+  without reading it first; the prediction cell and the top note say so;
 - answers are dropped: ``<details>`` blocks whose summary starts with "Answer", text between
   ``<!-- answer -->`` and ``<!-- /answer -->``, and every cell tagged ``answer`` (the teacher
   key, tools/make_keys.py, keeps all of them);
@@ -84,6 +87,9 @@ PREDICTION_MARK = "### PREDICTION"
 PREDICTION = re.compile(r"^(?P<indent>[ \t]*)(?P<name>[A-Za-z_]\w*)[ \t]*(?::[^=]*)?=(?!=)"
                         r"[ \t]*(?P<value>.*?)[ \t]*### PREDICTION[ \t]*$")
 BLANK_PREDICTION = "{indent}{name} = ...  # your prediction"
+PREDICTION_FLOW = ("# Run this cell, then the next one. The next cell grades your answer; its "
+                   "code is collapsed\n# on purpose (it names the answer and the usual wrong "
+                   "ones): run it, do not open it first.")
 ANSWER_OPEN = re.compile(r"<!--\s*answer\s*-->", re.IGNORECASE)
 ANSWER_CLOSE = re.compile(r"<!--\s*/answer\s*-->", re.IGNORECASE)
 DETAILS_TAG = re.compile(r"<details\b[^>]*>|</details\s*>", re.IGNORECASE)
@@ -372,6 +378,16 @@ def blank_predictions(source: str) -> str:
         m = PREDICTION.match(lines[i])
         lines[i] = BLANK_PREDICTION.format(indent=m.group("indent"), name=m.group("name"))
     return "\n".join(lines)
+
+
+def is_prediction_grader(source: str) -> bool:
+    """True for a code cell that calls ``check_prediction`` (its code names the answer)."""
+    return any(check == "check_prediction" for check, _, _ in check_calls(source))
+
+
+def hide_source(cell) -> None:
+    """Collapse a code cell's source in JupyterLab (the cell still runs; a click opens it)."""
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
 
 
 def is_prediction_cell(source: str) -> bool:
@@ -814,7 +830,9 @@ def note_text(solved_name: str, info: dict) -> str:
                      "**Predict.** comes before the cell that reveals the answer. Replace the "
                      "`...` in the line `name = ...  # your prediction` with your answer, run "
                      "that cell, then the next one: it grades your answer and shows the true "
-                     "value.")
+                     "value. That grading cell's code is **collapsed on purpose** (it names "
+                     "the answer and the usual wrong ones): run it as it is, and do not open "
+                     "it before you have answered.")
     if info["written"]:
         n = len(info["written"])
         parts.append(f"> **{n} written question{'s' if n != 1 else ''}** (marked "
@@ -851,8 +869,12 @@ def make_exercise(nb, solved_name: str):
             source = blank_predictions(stub_source(strip_hidden_tests(original)))
             if original.strip() and not source.strip():
                 continue  # the cell held only hidden tests
+            if prediction_lines(original):
+                source = source.rstrip("\n") + "\n" + PREDICTION_FLOW
             cell.source = source
             _clean_code_cell(cell)
+            if is_prediction_grader(original):
+                hide_source(cell)
         elif cell.cell_type == "markdown":
             source = strip_answers(cell.source)
             if not source.strip():
