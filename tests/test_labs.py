@@ -699,3 +699,24 @@ def test_lab_settings_switch_off_the_news_question():
                 assert isinstance(value, {"boolean": bool, "string": str}[spec["type"]])
     news = overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"]
     assert news == "false"  # "Never"; the default "none" asks on every fresh start
+
+
+def test_notebook_11_drill_is_stated_ungraded_and_the_timed_exercise_has_no_code_hint():
+    """Notebook 11's answer cells earn nothing: the copy's note, the lab table and the teacher
+    key say so, and the 'from memory' exercise keeps only the idea and where-it-was-shown hints."""
+    path = next(p for p in SOLVED if p.name.startswith("11_"))
+    nb = _read(path)
+    info = mx.lab_info(nb)
+    assert info["drill"] >= 40 and not info["written"]
+    ex = mx.make_exercise(nb, path.name)
+    assert f"{info['drill']} drill questions, ungraded" in ex.cells[0].source
+    row = next(line for line in mx.lab_table(ROOT).split("\n") if line.startswith("| [11 "))
+    assert "**ungraded** (0 pt)" in row and "timed exercise" in row
+    key = make_keys.key_markdown(path, ROOT)
+    assert "ungraded practice, worth 0 points" in key and "timed exercise" in key
+    start = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                 and c.source.startswith("## Timed exercise"))
+    end = next(i for i in range(start + 1, len(nb.cells)) if nb.cells[i].cell_type == "markdown"
+               and nb.cells[i].source.startswith("## "))
+    hints = "\n".join(c.source for c in nb.cells[start:end] if c.cell_type == "markdown")
+    assert "Hint 1" in hints and "Hint 2" in hints and "Hint 3" not in hints

@@ -616,8 +616,10 @@ def lab_info(nb) -> dict:
         for name in _defined_in(nb.cells[index].source, only_regions=True):
             defined[name] = {name}
     checks, predictions, pending = [], [], {}
-    written = []
+    written, drill = [], 0
     for index, cell in enumerate(nb.cells):
+        if ANSWER_SPACE_TAG in (cell.get("metadata", {}).get("tags") or []):
+            drill += 1  # an ungraded question (notebook 11's drill): an answer cell, no points
         if is_written_question(cell):
             question = strip_answers(cell.source)[len(WRITE_MARK):].strip()
             written.append({"number": len(written) + 1, "cell": index, "question": question,
@@ -669,7 +671,7 @@ def lab_info(nb) -> dict:
         item["number"] = number
     return {"sections": section_titles(nb), "exercises": exercises, "checks": checks,
             "predictions": predictions, "ungraded_predictions": sorted(pending),
-            "written": written}
+            "written": written, "drill": drill}
 
 
 def _loaded_names(tree) -> set[str]:
@@ -757,7 +759,8 @@ def lab_settings(labs: dict, number: str) -> dict:
     own = labs["lab"].get(number, {})
     points = {**labs["points"], **own.get("points", {})}
     return {"points": points, "minutes": own.get("study_minutes"),
-            "rubric": own.get("rubric", labs["rubric"].get("written", ""))}
+            "rubric": own.get("rubric", labs["rubric"].get("written", "")),
+            "graded_note": own.get("graded_note", "")}
 
 
 def lab_points(info: dict, settings: dict) -> dict:
@@ -838,6 +841,13 @@ def note_text(solved_name: str, info: dict) -> str:
         parts.append(f"> **{n} written question{'s' if n != 1 else ''}** (marked "
                      f"{WRITE_MARK}): write your answer in the cell below each one; your "
                      "teacher marks it.")
+    if info.get("drill"):
+        n = info["drill"]
+        parts.append(f"> **{n} drill question{'s' if n != 1 else ''}, ungraded:** each has an "
+                     "empty \"Your answer\" cell under it for your own practice; nobody marks "
+                     "it. What is graded here: "
+                     + ("the exercises (through their checks) and " if exercises else "")
+                     + "the predictions.")
     if exercises:
         parts.append(NOTE_RUN_ALL)
     return "\n>\n".join(parts)
@@ -900,7 +910,8 @@ def make_exercise(nb, solved_name: str):
                          for c in info["checks"]],
               "predictions": [{k: p[k] for k in ("number", "name", "label", "section")}
                               for p in info["predictions"]],
-              "written": [{k: w[k] for k in ("number", "section")} for w in info["written"]]}
+              "written": [{k: w[k] for k in ("number", "section")} for w in info["written"]],
+              "drill": info["drill"]}
     ex.metadata[LAB_KEY] = public
     ex.metadata[LAB_KEY]["fingerprint"] = fingerprint(ex)
     return ex
@@ -989,6 +1000,11 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
         written = meta["written"]
         written_text = (f"{len(written)} × {p['written']:g} pt (rubric below)" if written
                         else "none")
+        if meta.get("drill"):
+            written_text += (f"; {meta['drill']} drill questions with an answer cell, "
+                             "**ungraded** (0 pt)")
+        if settings["graded_note"]:
+            written_text += f". {_md(settings['graded_note'])}"
         minutes = settings["minutes"]
         total_minutes += minutes or 0
         time_text = f"about {minutes} min" if minutes else "not estimated"
