@@ -720,3 +720,22 @@ def test_notebook_11_drill_is_stated_ungraded_and_the_timed_exercise_has_no_code
                and nb.cells[i].source.startswith("## "))
     hints = "\n".join(c.source for c in nb.cells[start:end] if c.cell_type == "markdown")
     assert "Hint 1" in hints and "Hint 2" in hints and "Hint 3" not in hints
+
+
+def test_notebook_12_amp_lab_states_the_contract_and_hides_the_order_in_hints_2_and_3():
+    """Lab 2 of 12 says what the step must achieve; the order of the calls is the exercise."""
+    path = next(p for p in SOLVED if p.name.startswith("12_"))
+    cells = _read(path).cells
+    lab = next(i for i, c in enumerate(cells) if c.cell_type == "markdown"
+               and c.source.startswith("### Lab 2"))
+    text = cells[lab].source
+    for call in ("unscale_", "scaler.step", "scaler.update", "zero_grad", "Six moves"):
+        assert call not in text, call
+    for need in ("fp16-safe", "true gradients", "inf or NaN"):
+        assert need in text, need
+    hints = next(c.source for c in cells[lab + 1:] if c.cell_type == "markdown")
+    blocks = re.split(r"<summary>", hints)
+    hint1 = next(b for b in blocks if b.startswith("Hint 1"))
+    hint2 = next(b for b in blocks if b.startswith("Hint 2"))
+    assert "Six moves" not in hint1 and "clear the old gradients" not in hint1
+    assert "Six moves" in hint2 and any(b.startswith("Hint 3") for b in blocks)
