@@ -739,3 +739,18 @@ def test_notebook_12_amp_lab_states_the_contract_and_hides_the_order_in_hints_2_
     hint2 = next(b for b in blocks if b.startswith("Hint 2"))
     assert "Six moves" not in hint1 and "clear the old gradients" not in hint1
     assert "Six moves" in hint2 and any(b.startswith("Hint 3") for b in blocks)
+
+
+def test_study_estimates_leave_time_for_every_graded_and_drill_item():
+    """A floor, not a measurement: 2 min per drill question and per prediction, 5 per exercise,
+    5 per written answer; no lab's estimate is below what its own items need."""
+    labs = mx.load_labs(ROOT)
+    short = []
+    for path in SOLVED:
+        info = mx.lab_info(_read(path))
+        need = (2 * info["drill"] + 2 * len(info["predictions"]) + 5 * len(info["exercises"])
+                + 5 * len(info["written"]))
+        minutes = mx.lab_settings(labs, path.name[:2])["minutes"] or 0
+        if minutes < need:
+            short.append(f"{path.name}: about {minutes} min for items that need {need}")
+    assert not short, "\n".join(short)
