@@ -539,6 +539,11 @@ def test_handout_holds_no_solved_notebook_and_no_key(handout):
             "tx_helpers/grading/__init__.py", "tx_helpers/models/MANIFEST.json",
             "docs/defects.md", "jupyterlab-overrides.json"} <= set(files)
     assert (folder / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+    tools = [f for f in files if f.startswith(("tools/", "benchmarks/"))]
+    assert tools == ["benchmarks/ddp_demo.txt", "tools/train_ddp.py"], tools
+    teaching = (ROOT / "docs" / "teaching.md").read_text(encoding="utf-8")
+    assert all(f"`{t}`" in teaching for t in tools)  # the doc names what the handout holds
+    assert "no tools" not in teaching
 
 
 def test_handout_package_imports_from_the_handout(handout):
