@@ -87,9 +87,9 @@ PREDICTION_MARK = "### PREDICTION"
 PREDICTION = re.compile(r"^(?P<indent>[ \t]*)(?P<name>[A-Za-z_]\w*)[ \t]*(?::[^=]*)?=(?!=)"
                         r"[ \t]*(?P<value>.*?)[ \t]*### PREDICTION[ \t]*$")
 BLANK_PREDICTION = "{indent}{name} = ...  # your prediction"
-PREDICTION_FLOW = ("# Run this cell, then the next one. The next cell grades your answer; its "
-                   "code is collapsed\n# on purpose (it names the answer and the usual wrong "
-                   "ones): run it, do not open it first.")
+PREDICTION_FLOW = ("# Run this cell, then the cells below it. The cell that grades your answer "
+                   "has its code\n# collapsed on purpose (it names the answer and the usual "
+                   "wrong ones): run it, do not open it first.")
 ANSWER_OPEN = re.compile(r"<!--\s*answer\s*-->", re.IGNORECASE)
 ANSWER_CLOSE = re.compile(r"<!--\s*/answer\s*-->", re.IGNORECASE)
 DETAILS_TAG = re.compile(r"<details\b[^>]*>|</details\s*>", re.IGNORECASE)
@@ -832,8 +832,9 @@ def note_text(solved_name: str, info: dict) -> str:
         parts.append(f"> **{n} prediction{'s' if n != 1 else ''}:** a question marked "
                      "**Predict.** comes before the cell that reveals the answer. Replace the "
                      "`...` in the line `name = ...  # your prediction` with your answer, run "
-                     "that cell, then the next one: it grades your answer and shows the true "
-                     "value. That grading cell's code is **collapsed on purpose** (it names "
+                     "that cell, then the cells below it: the grading cell (most often the next "
+                     "one) grades your answer and shows the true value. That grading cell's "
+                     "code is **collapsed on purpose** (it names "
                      "the answer and the usual wrong ones): run it as it is, and do not open "
                      "it before you have answered.")
     if info["written"]:
