@@ -217,6 +217,10 @@ def test_copies_drop_answers_and_keep_questions_and_hints():
     meta = ex.metadata[mx.LAB_KEY]
     assert [p["name"] for p in meta["predictions"]] == ["n_params"] and len(meta["written"]) == 1
     assert "1 prediction:" in ex.cells[0].source and "1 written question" in ex.cells[0].source
+    grader = next(c for c in ex.cells if "check_prediction" in c.source)
+    assert grader.metadata["jupyter"] == {"source_hidden": True}
+    assert mx.PREDICTION_FLOW in next(c.source for c in ex.cells
+                                      if c.cell_type == "code" and "# your prediction" in c.source)
 
 
 def test_answer_space_tag_puts_an_ungraded_answer_cell_before_the_proof():
@@ -251,6 +255,30 @@ def test_exercise_copy_holds_no_answer(path, copies):
     found = answers_in(exercise)
     found += [f"solution code of {leak}" for leak in solution_leaks(_read(path), exercise)]
     assert not found, f"{path.name}: the exercise copy gives answers away:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_prediction_grading_cells_are_collapsed_in_the_copy(path, copies):
+    """A check_prediction cell names the answer (and the usual wrong ones): in the exercise
+    copy its code is collapsed, and the prediction cell and the top note say to run it unopened."""
+    exercise = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name],
+                              as_version=4)
+    graders = [i for i, c in enumerate(exercise.cells)
+               if c.cell_type == "code" and mx.is_prediction_grader(c.source)]
+    shown = [i for i in graders
+             if not c_hidden(exercise.cells[i])]
+    assert not shown, f"{path.name}: check_prediction cells not collapsed: {shown}"
+    predicting = [c for c in exercise.cells
+                  if c.cell_type == "code" and "# your prediction" in c.source]
+    assert all(mx.PREDICTION_FLOW in c.source for c in predicting)
+    if predicting:
+        assert "collapsed on purpose" in exercise.cells[0].source
+    solved = _read(path)  # the solved notebook shows every cell
+    assert not any(c_hidden(c) for c in solved.cells)
+
+
+def c_hidden(cell) -> bool:
+    return bool(cell.get("metadata", {}).get("jupyter", {}).get("source_hidden"))
 
 
 def test_solution_leak_detector_finds_a_repeated_demonstration():
@@ -511,6 +539,11 @@ def test_handout_holds_no_solved_notebook_and_no_key(handout):
             "tx_helpers/grading/__init__.py", "tx_helpers/models/MANIFEST.json",
             "docs/defects.md", "jupyterlab-overrides.json"} <= set(files)
     assert (folder / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
+    tools = [f for f in files if f.startswith(("tools/", "benchmarks/"))]
+    assert tools == ["benchmarks/ddp_demo.txt", "tools/train_ddp.py"], tools
+    teaching = (ROOT / "docs" / "teaching.md").read_text(encoding="utf-8")
+    assert all(f"`{t}`" in teaching for t in tools)  # the doc names what the handout holds
+    assert "no tools" not in teaching
 
 
 def test_handout_package_imports_from_the_handout(handout):
@@ -671,3 +704,58 @@ def test_lab_settings_switch_off_the_news_question():
                 assert isinstance(value, {"boolean": bool, "string": str}[spec["type"]])
     news = overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"]
     assert news == "false"  # "Never"; the default "none" asks on every fresh start
+
+
+def test_notebook_11_drill_is_stated_ungraded_and_the_timed_exercise_has_no_code_hint():
+    """Notebook 11's answer cells earn nothing: the copy's note, the lab table and the teacher
+    key say so, and the 'from memory' exercise keeps only the idea and where-it-was-shown hints."""
+    path = next(p for p in SOLVED if p.name.startswith("11_"))
+    nb = _read(path)
+    info = mx.lab_info(nb)
+    assert info["drill"] >= 40 and not info["written"]
+    ex = mx.make_exercise(nb, path.name)
+    assert f"{info['drill']} drill questions, ungraded" in ex.cells[0].source
+    row = next(line for line in mx.lab_table(ROOT).split("\n") if line.startswith("| [11 "))
+    assert "**ungraded** (0 pt)" in row and "timed exercise" in row
+    key = make_keys.key_markdown(path, ROOT)
+    assert "ungraded practice, worth 0 points" in key and "timed exercise" in key
+    start = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                 and c.source.startswith("## Timed exercise"))
+    end = next(i for i in range(start + 1, len(nb.cells)) if nb.cells[i].cell_type == "markdown"
+               and nb.cells[i].source.startswith("## "))
+    hints = "\n".join(c.source for c in nb.cells[start:end] if c.cell_type == "markdown")
+    assert "Hint 1" in hints and "Hint 2" in hints and "Hint 3" not in hints
+
+
+def test_notebook_12_amp_lab_states_the_contract_and_hides_the_order_in_hints_2_and_3():
+    """Lab 2 of 12 says what the step must achieve; the order of the calls is the exercise."""
+    path = next(p for p in SOLVED if p.name.startswith("12_"))
+    cells = _read(path).cells
+    lab = next(i for i, c in enumerate(cells) if c.cell_type == "markdown"
+               and c.source.startswith("### Lab 2"))
+    text = cells[lab].source
+    for call in ("unscale_", "scaler.step", "scaler.update", "zero_grad", "Six moves"):
+        assert call not in text, call
+    for need in ("fp16-safe", "true gradients", "inf or NaN"):
+        assert need in text, need
+    hints = next(c.source for c in cells[lab + 1:] if c.cell_type == "markdown")
+    blocks = re.split(r"<summary>", hints)
+    hint1 = next(b for b in blocks if b.startswith("Hint 1"))
+    hint2 = next(b for b in blocks if b.startswith("Hint 2"))
+    assert "Six moves" not in hint1 and "clear the old gradients" not in hint1
+    assert "Six moves" in hint2 and any(b.startswith("Hint 3") for b in blocks)
+
+
+def test_study_estimates_leave_time_for_every_graded_and_drill_item():
+    """A floor, not a measurement: 2 min per drill question and per prediction, 5 per exercise,
+    5 per written answer; no lab's estimate is below what its own items need."""
+    labs = mx.load_labs(ROOT)
+    short = []
+    for path in SOLVED:
+        info = mx.lab_info(_read(path))
+        need = (2 * info["drill"] + 2 * len(info["predictions"]) + 5 * len(info["exercises"])
+                + 5 * len(info["written"]))
+        minutes = mx.lab_settings(labs, path.name[:2])["minutes"] or 0
+        if minutes < need:
+            short.append(f"{path.name}: about {minutes} min for items that need {need}")
+    assert not short, "\n".join(short)

@@ -6,7 +6,10 @@ For every solved notebook notebooks/NN_*.ipynb, writes notebooks/exercises/NN_*.
 - each region between a line ``### BEGIN SOLUTION`` and a line ``### END SOLUTION``
   becomes ``raise NotImplementedError("<hint>")`` at the region's indentation; the
   hint is the text of a ``### HINT: ...`` line right after BEGIN, else a default;
-- each line ``name = value  ### PREDICTION`` becomes ``name = ...  # your prediction``;
+- each line ``name = value  ### PREDICTION`` becomes ``name = ...  # your prediction``, and
+  the code of each cell that calls ``check_prediction`` (it names the answer and the usual
+  wrong answers) is collapsed (cell metadata ``jupyter.source_hidden``): the learner runs it
+  without reading it first; the prediction cell and the top note say so;
 - answers are dropped: ``<details>`` blocks whose summary starts with "Answer", text between
   ``<!-- answer -->`` and ``<!-- /answer -->``, and every cell tagged ``answer`` (the teacher
   key, tools/make_keys.py, keeps all of them);
@@ -84,6 +87,9 @@ PREDICTION_MARK = "### PREDICTION"
 PREDICTION = re.compile(r"^(?P<indent>[ \t]*)(?P<name>[A-Za-z_]\w*)[ \t]*(?::[^=]*)?=(?!=)"
                         r"[ \t]*(?P<value>.*?)[ \t]*### PREDICTION[ \t]*$")
 BLANK_PREDICTION = "{indent}{name} = ...  # your prediction"
+PREDICTION_FLOW = ("# Run this cell, then the cells below it. The cell that grades your answer "
+                   "has its code\n# collapsed on purpose (it names the answer and the usual "
+                   "wrong ones): run it, do not open it first.")
 ANSWER_OPEN = re.compile(r"<!--\s*answer\s*-->", re.IGNORECASE)
 ANSWER_CLOSE = re.compile(r"<!--\s*/answer\s*-->", re.IGNORECASE)
 DETAILS_TAG = re.compile(r"<details\b[^>]*>|</details\s*>", re.IGNORECASE)
@@ -374,6 +380,16 @@ def blank_predictions(source: str) -> str:
     return "\n".join(lines)
 
 
+def is_prediction_grader(source: str) -> bool:
+    """True for a code cell that calls ``check_prediction`` (its code names the answer)."""
+    return any(check == "check_prediction" for check, _, _ in check_calls(source))
+
+
+def hide_source(cell) -> None:
+    """Collapse a code cell's source in JupyterLab (the cell still runs; a click opens it)."""
+    cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
+
+
 def is_prediction_cell(source: str) -> bool:
     """Only prediction lines, comments and blank lines (and at least one prediction)."""
     lines = [line.strip() for line in source.split("\n")]
@@ -600,8 +616,10 @@ def lab_info(nb) -> dict:
         for name in _defined_in(nb.cells[index].source, only_regions=True):
             defined[name] = {name}
     checks, predictions, pending = [], [], {}
-    written = []
+    written, drill = [], 0
     for index, cell in enumerate(nb.cells):
+        if ANSWER_SPACE_TAG in (cell.get("metadata", {}).get("tags") or []):
+            drill += 1  # an ungraded question (notebook 11's drill): an answer cell, no points
         if is_written_question(cell):
             question = strip_answers(cell.source)[len(WRITE_MARK):].strip()
             written.append({"number": len(written) + 1, "cell": index, "question": question,
@@ -653,7 +671,7 @@ def lab_info(nb) -> dict:
         item["number"] = number
     return {"sections": section_titles(nb), "exercises": exercises, "checks": checks,
             "predictions": predictions, "ungraded_predictions": sorted(pending),
-            "written": written}
+            "written": written, "drill": drill}
 
 
 def _loaded_names(tree) -> set[str]:
@@ -741,7 +759,8 @@ def lab_settings(labs: dict, number: str) -> dict:
     own = labs["lab"].get(number, {})
     points = {**labs["points"], **own.get("points", {})}
     return {"points": points, "minutes": own.get("study_minutes"),
-            "rubric": own.get("rubric", labs["rubric"].get("written", ""))}
+            "rubric": own.get("rubric", labs["rubric"].get("written", "")),
+            "graded_note": own.get("graded_note", "")}
 
 
 def lab_points(info: dict, settings: dict) -> dict:
@@ -813,13 +832,23 @@ def note_text(solved_name: str, info: dict) -> str:
         parts.append(f"> **{n} prediction{'s' if n != 1 else ''}:** a question marked "
                      "**Predict.** comes before the cell that reveals the answer. Replace the "
                      "`...` in the line `name = ...  # your prediction` with your answer, run "
-                     "that cell, then the next one: it grades your answer and shows the true "
-                     "value.")
+                     "that cell, then the cells below it: the grading cell (most often the next "
+                     "one) grades your answer and shows the true value. That grading cell's "
+                     "code is **collapsed on purpose** (it names "
+                     "the answer and the usual wrong ones): run it as it is, and do not open "
+                     "it before you have answered.")
     if info["written"]:
         n = len(info["written"])
         parts.append(f"> **{n} written question{'s' if n != 1 else ''}** (marked "
                      f"{WRITE_MARK}): write your answer in the cell below each one; your "
                      "teacher marks it.")
+    if info.get("drill"):
+        n = info["drill"]
+        parts.append(f"> **{n} drill question{'s' if n != 1 else ''}, ungraded:** each has an "
+                     "empty \"Your answer\" cell under it for your own practice; nobody marks "
+                     "it. What is graded here: "
+                     + ("the exercises (through their checks) and " if exercises else "")
+                     + "the predictions.")
     if exercises:
         parts.append(NOTE_RUN_ALL)
     return "\n>\n".join(parts)
@@ -851,8 +880,12 @@ def make_exercise(nb, solved_name: str):
             source = blank_predictions(stub_source(strip_hidden_tests(original)))
             if original.strip() and not source.strip():
                 continue  # the cell held only hidden tests
+            if prediction_lines(original):
+                source = source.rstrip("\n") + "\n" + PREDICTION_FLOW
             cell.source = source
             _clean_code_cell(cell)
+            if is_prediction_grader(original):
+                hide_source(cell)
         elif cell.cell_type == "markdown":
             source = strip_answers(cell.source)
             if not source.strip():
@@ -878,7 +911,8 @@ def make_exercise(nb, solved_name: str):
                          for c in info["checks"]],
               "predictions": [{k: p[k] for k in ("number", "name", "label", "section")}
                               for p in info["predictions"]],
-              "written": [{k: w[k] for k in ("number", "section")} for w in info["written"]]}
+              "written": [{k: w[k] for k in ("number", "section")} for w in info["written"]],
+              "drill": info["drill"]}
     ex.metadata[LAB_KEY] = public
     ex.metadata[LAB_KEY]["fingerprint"] = fingerprint(ex)
     return ex
@@ -967,6 +1001,11 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
         written = meta["written"]
         written_text = (f"{len(written)} × {p['written']:g} pt (rubric below)" if written
                         else "none")
+        if meta.get("drill"):
+            written_text += (f"; {meta['drill']} drill questions with an answer cell, "
+                             "**ungraded** (0 pt)")
+        if settings["graded_note"]:
+            written_text += f". {_md(settings['graded_note'])}"
         minutes = settings["minutes"]
         total_minutes += minutes or 0
         time_text = f"about {minutes} min" if minutes else "not estimated"

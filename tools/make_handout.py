@@ -9,9 +9,13 @@ Writes dist/transformer-labs/ and dist/transformer-labs.zip with
   source still shows reference implementations, see docs/teaching.md);
 - pyproject.toml and requirements.txt (the pinned versions the notebooks were run with);
 - docs/defects.md (the notebooks link to it);
+- benchmarks/ddp_demo.txt and tools/train_ddp.py, the only tool: notebook 12 prints the recorded
+  DDP run and quotes the DDP script (which, like the package, shows how a distributed step is
+  written);
 - jupyterlab-overrides.json (switches off JupyterLab's news pop-up) and a student README.md.
 
-No solved notebook, no teacher key, no tests, no tools. The folder is rebuilt from scratch on
+No solved notebook, no teacher key, no tests, and no other tool (no grader, no key or exercise
+generator). The folder is rebuilt from scratch on
 every run.
 
   python tools/make_handout.py               # dist/transformer-labs/ and its .zip

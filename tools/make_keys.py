@@ -214,7 +214,15 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
     written_cells = set()
     out += ["## Written answers", ""]
     if not info["written"]:
-        out += ["This lab has no written question.", ""]
+        out += ["This lab has no graded written question.", ""]
+    if info.get("drill"):
+        out += [f"Its {info['drill']} drill questions (each with an empty \"Your answer\" cell "
+                "in the exercise copy) are **ungraded practice, worth 0 points**: the answers "
+                "the copy leaves out are listed below for discussion, not for marking. The "
+                "graded parts are the exercises (through their checks) and the predictions.",
+                ""]
+    if settings["graded_note"]:
+        out += [settings["graded_note"], ""]
     for w in info["written"]:
         written_cells.add(w["cell"])
         answers = [_answer_body(nb.cells[w["cell"]].source[a:b], kind)
