@@ -123,3 +123,34 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
     assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/3.5 points")
     assert "Not credited" in feedback and "✗ lookahead_fn(5)" in feedback
     assert "not implemented" in feedback
+
+
+# one mistake charged once (teacher's report on the 05 lab): a learner whose only error is
+# diagonal=0 in lookahead_mask, with a correct decoder_self_mask that calls it
+def lookahead_mask(size, device=None):
+    return torch.triu(torch.ones(size, size, dtype=torch.bool, device=device), diagonal=0)
+
+
+def decoder_self_mask(tgt, pad_idx):
+    return tx.padding_mask(tgt, pad_idx) | lookahead_mask(tgt.size(1), device=tgt.device)
+
+
+def test_a_wrong_helper_costs_once_not_again_in_the_exercise_that_calls_it():
+    own = g.mark_exercise("lookahead_mask", lookahead_mask, verbose=False)
+    assert own.score == 0 and "lookahead_diagonal_0" in own.result.mistakes
+    # the device probe passes on this wrong mask too: it earns no half point
+    assert own.probes == (0, 2), own.lines
+    user = g.mark_exercise("decoder_self_mask", decoder_self_mask, verbose=False)
+    assert user.score == 1.0 and user.passed, user.lines
+    assert user.delegated is None  # tx.padding_mask is a part here, not the answer
+    assert "Checked with tx.lookahead_mask in place of your own" in user.lines[1]
+    # the learner's function itself is untouched
+    assert bool(decoder_self_mask(torch.tensor([[2, 3]]), 1)[0, 0, 0])
+
+
+def test_own_mask_reference_is_still_delegation():
+    def decoder_delegates(tgt, pad_idx):
+        return tx.decoder_self_mask(tgt, pad_idx)
+
+    mark = g.mark_exercise("decoder_self_mask", decoder_delegates, verbose=False)
+    assert mark.score == 0 and "tx.decoder_self_mask" in mark.delegated
