@@ -154,3 +154,33 @@ def test_own_mask_reference_is_still_delegation():
 
     mark = g.mark_exercise("decoder_self_mask", decoder_delegates, verbose=False)
     assert mark.score == 0 and "tx.decoder_self_mask" in mark.delegated
+
+
+def smoothing_by_builtin(logits, target, eps, pad_idx):
+    return torch.nn.functional.cross_entropy(logits, target, label_smoothing=eps,
+                                             ignore_index=pad_idx)
+
+
+class SmoothingByModule(nn.Module):
+    def __init__(self, eps, pad_idx):
+        super().__init__()
+        self.loss = nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_idx)
+
+    def forward(self, logits, target):
+        return self.loss(logits, target)
+
+
+def smoothing_written(logits, target, eps, pad_idx):
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = target != pad_idx
+    nll = torch.nn.functional.nll_loss(logp, target, ignore_index=pad_idx, reduction="none")
+    return ((1 - eps) * nll - eps * logp.mean(-1))[keep].mean()
+
+
+def test_builtin_label_smoothing_is_delegation():
+    mark = g.mark_exercise("label_smoothing_loss", smoothing_by_builtin, verbose=False)
+    assert mark.result.passed and mark.score == 0 and not mark.passed
+    assert "label_smoothing=" in mark.delegated and "cross_entropy" in mark.delegated
+    assert g.find_delegation(SmoothingByModule, "check_label_smoothing")
+    written = g.mark_exercise("label_smoothing_loss", smoothing_written, verbose=False)
+    assert written.delegated is None and written.score == 1.0, written.lines

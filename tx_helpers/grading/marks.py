@@ -10,8 +10,10 @@ One exercise, one mark::
   (``NotImplementedError``) passes no probe and earns 0.
 - **Delegation**: an exercise whose code calls the ``tx_helpers`` reference for the same
   block (``return tx.padding_mask(seq, pad_idx)``, ``class MHA(tx.MultiHeadAttention)``) is
-  flagged and earns 0, whatever the check says. Using other ``tx`` blocks as parts is fine
-  (a decoder layer may use ``tx.MultiHeadAttention``).
+  flagged and earns 0, whatever the check says; so does a label-smoothing exercise that
+  passes ``label_smoothing=`` to PyTorch's ``F.cross_entropy`` or ``nn.CrossEntropyLoss``.
+  Using other ``tx`` blocks as parts is fine (a decoder layer may use
+  ``tx.MultiHeadAttention``).
 - **The checker's own crash** earns 0 and says the exercise needs marking by hand.
 - **Predictions** (:func:`tx_helpers.grading.check_prediction`) are marked by
   :func:`mark_predictions`, each worth ``points_each``.
@@ -89,6 +91,10 @@ def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
+    if check_name == "check_label_smoothing":
+        builtin = _builtin_smoothing(tree)
+        if builtin:
+            return builtin
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in refs:
             root = node.value
@@ -100,6 +106,22 @@ def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None
             value = scope.get(node.id)
             if value is not None and _is_tx(value) and getattr(value, "__name__", "") in refs:
                 return f"it calls {node.id}, imported from tx_helpers: the reference itself"
+    return None
+
+
+def _builtin_smoothing(tree: ast.AST) -> str | None:
+    """A call that passes ``label_smoothing=`` (``F.cross_entropy``, ``nn.CrossEntropyLoss``):
+    PyTorch's own smoothed loss, the whole of the label-smoothing exercise in one call."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg != "label_smoothing":
+                continue
+            if isinstance(kw.value, ast.Constant) and not kw.value.value:
+                continue  # label_smoothing=0: plain cross-entropy, a part
+            return (f"it calls {ast.unparse(node.func)}(..., label_smoothing=...), PyTorch's "
+                    "built-in smoothed loss: the exercise asks you to build that loss yourself")
     return None
 
 
