@@ -96,11 +96,13 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
             "def padding_mask(seq, pad_idx):\n    return tx.padding_mask(seq, pad_idx)\n\n"
             "def lookahead_mask(size):\n"
             "    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=0)\n\n"
-            "def decoder_self_mask(tgt, pad_idx):\n    raise NotImplementedError('todo')\n")
+            "def decoder_self_mask(tgt, pad_idx):\n    raise NotImplementedError('todo')\n\n"
+            "def cross_mask(src, tgt, pad_idx, device=None):\n"
+            "    raise NotImplementedError('todo')\n")
     cell = nbformat.v4.new_code_cell(code)
     cell.metadata["tx_exercise"] = [
-        {"number": i + 1, "name": n, "section": "Masks"}
-        for i, n in enumerate(("padding_mask", "lookahead_mask", "decoder_self_mask"))]
+        {"number": i + 1, "name": n, "section": "Masks"} for i, n in enumerate(
+            ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask"))]
     pred = nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('mask shape', (4, 4), "
                                      "tuple(lookahead_mask(4).shape))")
     nb = nbformat.v4.new_notebook(cells=[cell, pred])
@@ -116,11 +118,19 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
     assert rows["2. lookahead_mask"]["points"] == "0.0"
     assert "lookahead_diagonal_0" in rows["2. lookahead_mask"]["mistakes"]
     assert rows["3. decoder_self_mask"]["points"] == "0.0"
+    # an untouched stub lists only not_implemented, no secondary mistake names
+    assert rows["3. decoder_self_mask"]["mistakes"] == "not_implemented"
+    assert rows["4. cross_mask"]["mistakes"] == "not_implemented"
     assert rows["prediction: mask shape"]["points"] == "0.5"
+    # passed True, points 0: the same row says why
+    assert rows["1. padding_mask"]["passed"] == "True"
+    assert rows["1. padding_mask"]["diagnosis"].startswith("check passed but not credited: ")
     summary = (tmp_path / "grades_summary.txt").read_text()
-    assert "  marks: 0.5/3.5 points" in summary
+    # code checks and predictions are counted apart
+    assert summary.startswith("bob_05.ipynb: 1/4 code checks passed, 1/1 predictions right ")
+    assert "  marks: 0.5/4.5 points" in summary
     feedback = (tmp_path / "grades_feedback" / "bob_05.txt").read_text()
-    assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/3.5 points")
+    assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/4.5 points")
     assert "Not credited" in feedback and "✗ lookahead_fn(5)" in feedback
     assert "not implemented" in feedback
 
