@@ -83,8 +83,7 @@ def test_scores_full_partial_and_zero(graded):
     assert top == 6.5  # notebooks/labs.toml: 3 exercises x 1 + 7 predictions x 0.5
     assert scores["correct"] == top, scores
     assert 0 < scores["mistake"] < top, scores
-    # the untouched copy's predictions are the solved values (not solution regions)
-    assert scores["untouched"] < scores["mistake"], scores
+    assert scores["untouched"] == 0, scores  # its predictions are stubs too
 
 
 def test_feedback_names_the_mistake(graded):
@@ -100,7 +99,14 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
     assert answers and all("raise NotImplementedError()" in c.source for c in answers)
     assert not any("torch.triu(torch.ones(size, size" in c.source for c in answers)
-    assert all("# Hint:" in c.source for c in answers)
+    assert all("# Hint:" in c.source or "# Your prediction: " in c.source for c in answers)
+    # the solved prediction values are not handed out
+    assert not any("### PREDICTION" in c.source or "= (3, 1, 6)" in c.source
+                   for c in nb.cells), "a prediction's value is visible"
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_exercises as mx
+
+    assert not any(mx.answer_blocks(c.source) for c in nb.cells if c.cell_type == "markdown")
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     points = [c.metadata["nbgrader"]["points"] for c in tests]
     assert points.count(1) == 3 and sum(points) == 6.5, points

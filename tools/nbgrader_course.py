@@ -15,12 +15,16 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
   :func:`tx_helpers.grading.mark_exercise`,
   which prints the full report (the named mistake, the hint) and ends with the score, which
   nbgrader reads as partial credit. Delegating to the ``tx_helpers`` reference earns 0;
+- each ``name = value  ### PREDICTION`` line becomes a solution region under a
+  ``# Your prediction: name = ...`` comment, in an answer cell (the student version shows
+  the stub, not the value);
 - each cell that calls ``check_prediction`` becomes a test cell worth the lab's prediction
   points (``notebooks/labs.toml``, or ``--prediction-points``) times the predictions it
   checks; the score is that times the share of them that are right;
 - an exercise no check covers (06's ``MyEncoder`` and ``MyDecoder``) makes its answer cell a
   *manually graded answer* with its points, and the README and the run say so;
-- every other cell is *read-only* (locked);
+- every other cell is *read-only* (locked); markdown answers (the ``<details>`` blocks) and
+  teacher-only cells are left out, as in ``notebooks/exercises/``;
 - lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell
   are removed, as in ``notebooks/exercises/`` (a cell holding only such lines is dropped).
 
@@ -136,6 +140,19 @@ def _hints_outside(source: str) -> str:
     return "\n".join(lines)
 
 
+def _prediction_answers(source: str) -> str:
+    """Each ``name = value  ### PREDICTION`` line becomes a solution region under a
+    ``# Your prediction: name = ...`` comment: the student version shows the stub, never the
+    value (a locked cell with the solved values would hand out the answers)."""
+    lines = source.split("\n")
+    for index, name, value in reversed(mx.prediction_lines(source)):
+        indent = lines[index][:len(lines[index]) - len(lines[index].lstrip())]
+        lines[index:index + 1] = [f"{indent}# Your prediction: {name} = ...",
+                                  f"{indent}### BEGIN SOLUTION", f"{indent}{name} = {value}",
+                                  f"{indent}### END SOLUTION"]
+    return "\n".join(lines)
+
+
 def export_notebook(path: Path, prediction_points: float | None = None,
                     manual: list[str] | None = None) -> tuple[object, float]:
     """The nbgrader source version of one solved notebook, and its total points.
@@ -170,6 +187,12 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     for index, cell in enumerate(nb.cells):
         cell = nbformat.from_dict(json.loads(json.dumps(cell)))
         hidden = ""
+        if mx.is_teacher_only(cell):
+            continue  # the teacher's key: never in the student version
+        if cell.cell_type == "markdown":  # the <details> answers, as in the exercise copies
+            cell.source = mx.strip_answers(cell.source)
+            if not cell.source.strip():
+                continue
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             original = cell.source
@@ -216,6 +239,11 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 test = nbformat.v4.new_code_cell(source)
                 test.metadata["nbgrader"] = _meta("test", gid("test"), points)
                 cells.append(test)
+            continue
+        if cell.cell_type == "code" and mx.prediction_lines(cell.source):
+            cell.source = _prediction_answers(cell.source)
+            cell.metadata["nbgrader"] = _meta("solution", gid("guess"))
+            cells.append(cell)
             continue
         if cell.cell_type == "code" and re.search(r"\bcheck_prediction\(", cell.source):
             count = predictions_in.get(index, 1)
