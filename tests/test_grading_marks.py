@@ -96,11 +96,13 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
             "def padding_mask(seq, pad_idx):\n    return tx.padding_mask(seq, pad_idx)\n\n"
             "def lookahead_mask(size):\n"
             "    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=0)\n\n"
-            "def decoder_self_mask(tgt, pad_idx):\n    raise NotImplementedError('todo')\n")
+            "def decoder_self_mask(tgt, pad_idx):\n    raise NotImplementedError('todo')\n\n"
+            "def cross_mask(src, tgt, pad_idx, device=None):\n"
+            "    raise NotImplementedError('todo')\n")
     cell = nbformat.v4.new_code_cell(code)
     cell.metadata["tx_exercise"] = [
-        {"number": i + 1, "name": n, "section": "Masks"}
-        for i, n in enumerate(("padding_mask", "lookahead_mask", "decoder_self_mask"))]
+        {"number": i + 1, "name": n, "section": "Masks"} for i, n in enumerate(
+            ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask"))]
     pred = nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('mask shape', (4, 4), "
                                      "tuple(lookahead_mask(4).shape))")
     nb = nbformat.v4.new_notebook(cells=[cell, pred])
@@ -116,10 +118,79 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
     assert rows["2. lookahead_mask"]["points"] == "0.0"
     assert "lookahead_diagonal_0" in rows["2. lookahead_mask"]["mistakes"]
     assert rows["3. decoder_self_mask"]["points"] == "0.0"
+    # an untouched stub lists only not_implemented, no secondary mistake names
+    assert rows["3. decoder_self_mask"]["mistakes"] == "not_implemented"
+    assert rows["4. cross_mask"]["mistakes"] == "not_implemented"
     assert rows["prediction: mask shape"]["points"] == "0.5"
+    # passed True, points 0: the same row says why
+    assert rows["1. padding_mask"]["passed"] == "True"
+    assert rows["1. padding_mask"]["diagnosis"].startswith("check passed but not credited: ")
     summary = (tmp_path / "grades_summary.txt").read_text()
-    assert "  marks: 0.5/3.5 points" in summary
+    # code checks and predictions are counted apart
+    assert summary.startswith("bob_05.ipynb: 1/4 code checks passed, 1/1 predictions right ")
+    assert "  marks: 0.5/4.5 points" in summary
     feedback = (tmp_path / "grades_feedback" / "bob_05.txt").read_text()
-    assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/3.5 points")
+    assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/4.5 points")
     assert "Not credited" in feedback and "✗ lookahead_fn(5)" in feedback
     assert "not implemented" in feedback
+
+
+# one mistake charged once (teacher's report on the 05 lab): a learner whose only error is
+# diagonal=0 in lookahead_mask, with a correct decoder_self_mask that calls it
+def lookahead_mask(size, device=None):
+    return torch.triu(torch.ones(size, size, dtype=torch.bool, device=device), diagonal=0)
+
+
+def decoder_self_mask(tgt, pad_idx):
+    return tx.padding_mask(tgt, pad_idx) | lookahead_mask(tgt.size(1), device=tgt.device)
+
+
+def test_a_wrong_helper_costs_once_not_again_in_the_exercise_that_calls_it():
+    own = g.mark_exercise("lookahead_mask", lookahead_mask, verbose=False)
+    assert own.score == 0 and "lookahead_diagonal_0" in own.result.mistakes
+    # the device probe passes on this wrong mask too: it earns no half point
+    assert own.probes == (0, 2), own.lines
+    user = g.mark_exercise("decoder_self_mask", decoder_self_mask, verbose=False)
+    assert user.score == 1.0 and user.passed, user.lines
+    assert user.delegated is None  # tx.padding_mask is a part here, not the answer
+    assert "Checked with tx.lookahead_mask in place of your own" in user.lines[1]
+    # the learner's function itself is untouched
+    assert bool(decoder_self_mask(torch.tensor([[2, 3]]), 1)[0, 0, 0])
+
+
+def test_own_mask_reference_is_still_delegation():
+    def decoder_delegates(tgt, pad_idx):
+        return tx.decoder_self_mask(tgt, pad_idx)
+
+    mark = g.mark_exercise("decoder_self_mask", decoder_delegates, verbose=False)
+    assert mark.score == 0 and "tx.decoder_self_mask" in mark.delegated
+
+
+def smoothing_by_builtin(logits, target, eps, pad_idx):
+    return torch.nn.functional.cross_entropy(logits, target, label_smoothing=eps,
+                                             ignore_index=pad_idx)
+
+
+class SmoothingByModule(nn.Module):
+    def __init__(self, eps, pad_idx):
+        super().__init__()
+        self.loss = nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_idx)
+
+    def forward(self, logits, target):
+        return self.loss(logits, target)
+
+
+def smoothing_written(logits, target, eps, pad_idx):
+    logp = torch.log_softmax(logits, dim=-1)
+    keep = target != pad_idx
+    nll = torch.nn.functional.nll_loss(logp, target, ignore_index=pad_idx, reduction="none")
+    return ((1 - eps) * nll - eps * logp.mean(-1))[keep].mean()
+
+
+def test_builtin_label_smoothing_is_delegation():
+    mark = g.mark_exercise("label_smoothing_loss", smoothing_by_builtin, verbose=False)
+    assert mark.result.passed and mark.score == 0 and not mark.passed
+    assert "label_smoothing=" in mark.delegated and "cross_entropy" in mark.delegated
+    assert g.find_delegation(SmoothingByModule, "check_label_smoothing")
+    written = g.mark_exercise("label_smoothing_loss", smoothing_written, verbose=False)
+    assert written.delegated is None and written.score == 1.0, written.lines

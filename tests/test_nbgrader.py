@@ -59,10 +59,11 @@ def graded(tmp_path_factory):
     subs = {
         "correct": _submission(release, source),
         "mistake": _submission(release, source, lambda s: s.replace(
-            "dtype=torch.bool), diagonal=1)", "dtype=torch.bool), diagonal=0)")),
+            "device=device), diagonal=1)", "device=device), diagonal=0)")),
         "untouched": nbformat.read(release, as_version=4),
     }
-    assert "diagonal=0" in json.dumps(subs["mistake"]), "the planted mistake did not apply"
+    assert "device=device), diagonal=0)" in json.dumps(subs["mistake"]), \
+        "the planted mistake did not apply"
     for student, nb in subs.items():
         folder = course / "submitted" / student / LAB
         folder.mkdir(parents=True)
@@ -80,10 +81,10 @@ def test_scores_full_partial_and_zero(graded):
         scores = {s: gb.find_submission(LAB, s).score for s in ("correct", "mistake",
                                                                   "untouched")}
         top = gb.find_assignment(LAB).max_score
-    assert top == 3
+    assert top == 6.5  # notebooks/labs.toml: 3 exercises x 1 + 7 predictions x 0.5
     assert scores["correct"] == top, scores
     assert 0 < scores["mistake"] < top, scores
-    assert scores["untouched"] == 0, scores
+    assert scores["untouched"] == 0, scores  # its predictions are stubs too
 
 
 def test_feedback_names_the_mistake(graded):
@@ -99,9 +100,19 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
     assert answers and all("raise NotImplementedError()" in c.source for c in answers)
     assert not any("torch.triu(torch.ones(size, size" in c.source for c in answers)
-    assert all("# Hint:" in c.source for c in answers)
+    assert all("# Hint:" in c.source or "# Your prediction: " in c.source for c in answers)
+    # the solved prediction values are not handed out
+    assert not any("### PREDICTION" in c.source or "= (3, 1, 6)" in c.source
+                   for c in nb.cells), "a prediction's value is visible"
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_exercises as mx
+
+    assert not any(mx.answer_blocks(c.source) for c in nb.cells if c.cell_type == "markdown")
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
-    assert [c.metadata["nbgrader"]["points"] for c in tests] == [1, 1, 1]
+    points = [c.metadata["nbgrader"]["points"] for c in tests]
+    exercises = [c.metadata["nbgrader"]["points"] for c in tests
+                 if "-test-" in c.metadata["nbgrader"]["grade_id"]]
+    assert exercises == [1, 1, 1] and sum(points) == 6.5, points
     assert all(c.metadata["nbgrader"]["locked"] for c in nb.cells
                if not c.metadata["nbgrader"]["solution"])
 
@@ -112,3 +123,28 @@ def test_every_lab_exports(tmp_path):
     sources = sorted(p.parent.name for p in (tmp_path / "source").glob("*/*.ipynb"))
     assert LAB in sources and len(sources) >= 8, proc.stdout
     assert shutil.which("nbgrader", path=str(BIN))
+
+
+def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
+    """The exporter's points are notebooks/labs.toml's, as in make grade: 0.5 per prediction
+    (also when one cell checks several), 00, 01 and 13 exported, hand-marked exercises named."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_exercises as mx
+    import nbgrader_course as nc
+
+    labs = mx.load_labs()
+    stems = [p.stem[:2] for p in nc.labs()]
+    assert {"00", "01", "13"} <= set(stems)
+    for path in nc.labs():
+        nb = nbformat.read(path, as_version=4)
+        want = mx.lab_points(mx.lab_info(nb), mx.lab_settings(labs, path.stem[:2]))["total"]
+        manual: list[str] = []
+        got = nc.export_notebook(path, None, manual)[1]
+        assert got == want, (path.stem, got, want)
+        if path.stem.startswith("06"):
+            assert any("MyEncoder" in m for m in manual), manual
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+                           str(tmp_path), "--only", "06_encoder_and_decoder"], check=True,
+                          capture_output=True, text=True)
+    assert "marked by hand (no automatic check): 1. MyEncoder.forward" in proc.stdout
+    assert "MyEncoder" in (tmp_path / "README.md").read_text()

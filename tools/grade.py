@@ -22,8 +22,8 @@ Outputs:
   covers), check, passed, mistakes, diagnosis, points, max_points, delegated; plus one
   ``cells`` row per notebook counting the cells that raised (information, not marks);
 - a summary next to it (``grades_summary.txt`` for ``grades.csv``): one line per notebook
-  with its checks passed, a ``marks:`` line with its points, then one line per failed or
-  delegated exercise;
+  with its code checks passed and its predictions right (counted apart), a ``marks:`` line
+  with its points, then one line per failed or delegated exercise;
 - one feedback file per notebook (``grades_feedback/<notebook>.txt``): every exercise's
   mark and its full report (the ✓/✗ probe lines, the diagnosis and the hint), for the
   student.
@@ -150,6 +150,8 @@ def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> l
         diagnosis = next((m[len("Diagnosis: "):] for m in r["messages"]
                           if m.startswith("Diagnosis: ")), "")
         mark = r.get("mark", {})
+        if mark.get("delegated"):  # passed True, points 0: the same row says why
+            diagnosis = f"check passed but not credited: {mark['delegated']}"
         rows.append({"notebook": path.name, "exercise": exercise_label(r, exercises),
                      "check": r.get("label", r["name"]), "passed": r["passed"],
                      "mistakes": " ".join(r["mistakes"]), "diagnosis": diagnosis,
@@ -167,12 +169,17 @@ def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> l
 
 def summary_line(path: Path, rows: list[dict]) -> list[str]:
     graded = [r for r in rows if r["check"] not in ("cells", "none")]
-    passed = sum(r["passed"] is True for r in graded)
+    code = [r for r in graded if r["check"] != "prediction"]
+    predictions = [r for r in graded if r["check"] == "prediction"]
     cells = rows[0]["mistakes"] or "no cell raised"
     score = sum(float(r["points"] or 0) for r in graded)
     total = sum(float(r["max_points"] or 0) for r in graded)
-    lines = [f"{path.name}: {passed}/{len(graded)} checks passed ({cells})",
-             f"  marks: {score:g}/{total:g} points"]
+    ok = sum(r["passed"] is True for r in code)
+    head = f"{path.name}: {ok}/{len(code)} code checks passed"
+    if predictions:
+        head += (f", {sum(r['passed'] is True for r in predictions)}/{len(predictions)} "
+                 "predictions right")
+    lines = [f"{head} ({cells})", f"  marks: {score:g}/{total:g} points"]
     for r in graded:
         if r["delegated"]:
             lines.append(f"  - exercise {r['exercise']}: not credited: {r['delegated']}")

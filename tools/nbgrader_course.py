@@ -3,19 +3,28 @@
 
   .venv/bin/python tools/nbgrader_course.py --out course [--only 05_masks ...]
 
-For each solved notebook with solution regions (``### BEGIN SOLUTION`` ... ``### END
+For each numbered notebook (solution regions are ``### BEGIN SOLUTION`` ... ``### END
 SOLUTION``), ``course/source/<notebook stem>/<notebook>.ipynb`` is written in nbgrader's
-format:
+format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
 
 - every cell that holds a solution region is an *autograded answer* cell (nbgrader replaces
   each region with ``raise NotImplementedError()``; the region's ``### HINT:`` line is kept
   as a ``# Hint:`` comment above it, so students still see it);
 - after it, one *autograder test* cell per class or function it defines that a check covers,
-  worth one point per exercise it holds: it calls :func:`tx_helpers.grading.mark_exercise`,
+  worth the lab's exercise points per exercise it holds: it calls
+  :func:`tx_helpers.grading.mark_exercise`,
   which prints the full report (the named mistake, the hint) and ends with the score, which
   nbgrader reads as partial credit. Delegating to the ``tx_helpers`` reference earns 0;
-- each cell that calls ``check_prediction`` becomes a test cell worth ``--prediction-points``;
-- every other cell is *read-only* (locked);
+- each ``name = value  ### PREDICTION`` line becomes a solution region under a
+  ``# Your prediction: name = ...`` comment, in an answer cell (the student version shows
+  the stub, not the value);
+- each cell that calls ``check_prediction`` becomes a test cell worth the lab's prediction
+  points (``notebooks/labs.toml``, or ``--prediction-points``) times the predictions it
+  checks; the score is that times the share of them that are right;
+- an exercise no check covers (06's ``MyEncoder`` and ``MyDecoder``) makes its answer cell a
+  *manually graded answer* with its points, and the README and the run say so;
+- every other cell is *read-only* (locked); markdown answers (the ``<details>`` blocks) and
+  teacher-only cells are left out, as in ``notebooks/exercises/``;
 - lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell
   are removed, as in ``notebooks/exercises/`` (a cell holding only such lines is dropped).
 
@@ -62,10 +71,16 @@ TEST_CELL = '''\
 import tx_helpers.grading as _grading
 _mark = _grading.mark_exercise({name!r}, {name}, points={points!r}{options})
 _mark.score'''
-PREDICTION_TAIL = '''
-# Autograded ({points:g} point): the prediction above; the last line is the score.
+PREDICTION_HEAD = '''\
 import tx_helpers.grading as _grading
-_grading.mark_predictions(_grading.history()[-1:], points_each={points!r})[0].score'''
+_before = len(_grading.history())  # the predictions this cell checks come after this line
+'''
+PREDICTION_TAIL = '''
+# Autograded ({points:g} point{s}: {count} prediction{ps} x {each:g}); the last line is the score.
+_marks = _grading.mark_predictions(_grading.history()[_before:], points_each=1)
+{points!r} * (sum(_m.score for _m in _marks) / len(_marks) if _marks else 0.0)'''
+MANUAL_NOTE = ("# Marked by hand ({points:g} point{s}): no automatic check covers {names}; "
+               "the notebook's own checks above and below show whether it works.\n")
 
 
 def _meta(kind: str, grade_id: str, points: float | None = None) -> dict:
@@ -125,9 +140,38 @@ def _hints_outside(source: str) -> str:
     return "\n".join(lines)
 
 
-def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object, float]:
-    """The nbgrader source version of one solved notebook, and its total points."""
+def _prediction_answers(source: str) -> str:
+    """Each ``name = value  ### PREDICTION`` line becomes a solution region under a
+    ``# Your prediction: name = ...`` comment: the student version shows the stub, never the
+    value (a locked cell with the solved values would hand out the answers)."""
+    lines = source.split("\n")
+    for index, name, value in reversed(mx.prediction_lines(source)):
+        indent = lines[index][:len(lines[index]) - len(lines[index].lstrip())]
+        lines[index:index + 1] = [f"{indent}# Your prediction: {name} = ...",
+                                  f"{indent}### BEGIN SOLUTION", f"{indent}{name} = {value}",
+                                  f"{indent}### END SOLUTION"]
+    return "\n".join(lines)
+
+
+def export_notebook(path: Path, prediction_points: float | None = None,
+                    manual: list[str] | None = None) -> tuple[object, float]:
+    """The nbgrader source version of one solved notebook, and its total points.
+
+    Points come from ``notebooks/labs.toml`` (``tools/make_exercises.py``'s ``load_labs``
+    and ``lab_settings``): each exercise and each graded prediction, also when one cell
+    checks several predictions. ``prediction_points`` overrides the prediction value.
+    Exercises no check covers become manually graded answer cells with their points; their
+    names are appended to ``manual`` when it is given.
+    """
     nb = nbformat.read(path, as_version=4)
+    settings = mx.lab_settings(mx.load_labs(), path.stem[:2])["points"]
+    each = float(settings["exercise"])
+    if prediction_points is None:
+        prediction_points = float(settings["prediction"])
+    info = mx.lab_info(nb)
+    predictions_in: dict[int, int] = {}  # the cell that checks them -> how many
+    for item in info["predictions"]:
+        predictions_in[item["check_cell"]] = predictions_in.get(item["check_cell"], 0) + 1
     items_by_cell: dict[int, list[dict]] = {}
     for item in mx.exercise_list(nb):
         items_by_cell.setdefault(item["cell"], []).append(item)
@@ -143,6 +187,12 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
     for index, cell in enumerate(nb.cells):
         cell = nbformat.from_dict(json.loads(json.dumps(cell)))
         hidden = ""
+        if mx.is_teacher_only(cell):
+            continue  # the teacher's key: never in the student version
+        if cell.cell_type == "markdown":  # the <details> answers, as in the exercise copies
+            cell.source = mx.strip_answers(cell.source)
+            if not cell.source.strip():
+                continue
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             original = cell.source
@@ -158,11 +208,23 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
             cell.metadata["nbgrader"] = _meta("solution", gid("answer"))
             cells.append(cell)
             classes = _classes(cell.source)
+            unchecked = [i for i in items_by_cell[index]
+                         if _check_label(i["name"].split(".")[0],
+                                         i["name"].split(".")[0] in classes) is None]
+            if unchecked:  # a manually graded answer: nbgrader asks the teacher for a score
+                points = each * len(unchecked)
+                names = ", ".join(f"{i['number']}. {i['name']}" for i in unchecked)
+                cell.source = MANUAL_NOTE.format(points=points, s="" if points == 1 else "s",
+                                                 names=names) + cell.source
+                cell.metadata["nbgrader"].update(grade=True, points=points)
+                total += points
+                if manual is not None:
+                    manual.append(names)
             for name in defined_names(cell.source):
                 items = [i for i in items_by_cell[index] if i["name"].split(".")[0] == name]
                 if not items or _check_label(name, name in classes) is None:
                     continue
-                points = float(len(items))
+                points = each * len(items)
                 total += points
                 options = "".join(f", {k}={v!r}" for k, v in check_options(
                     all_code, name).items())
@@ -178,11 +240,19 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
                 test.metadata["nbgrader"] = _meta("test", gid("test"), points)
                 cells.append(test)
             continue
+        if cell.cell_type == "code" and mx.prediction_lines(cell.source):
+            cell.source = _prediction_answers(cell.source)
+            cell.metadata["nbgrader"] = _meta("solution", gid("guess"))
+            cells.append(cell)
+            continue
         if cell.cell_type == "code" and re.search(r"\bcheck_prediction\(", cell.source):
-            cell.source = cell.source.rstrip() + "\n" + PREDICTION_TAIL.format(
-                points=prediction_points)
-            cell.metadata["nbgrader"] = _meta("test", gid("prediction"), prediction_points)
-            total += prediction_points
+            count = predictions_in.get(index, 1)
+            points = prediction_points * count
+            cell.source = PREDICTION_HEAD + cell.source.rstrip() + "\n" + PREDICTION_TAIL.format(
+                points=points, s="" if points == 1 else "s", count=count,
+                ps="" if count == 1 else "s", each=prediction_points)
+            cell.metadata["nbgrader"] = _meta("test", gid("prediction"), points)
+            total += points
         else:
             cell.metadata["nbgrader"] = _meta("readonly", gid("locked"))
         cells.append(cell)
@@ -195,9 +265,9 @@ def export_notebook(path: Path, prediction_points: float = 0.5) -> tuple[object,
 
 
 def labs(root: Path = ROOT) -> list[Path]:
-    """Every solved notebook with at least one solution region."""
-    return [p for p in sorted((root / "notebooks").glob("[0-9]*.ipynb"))
-            if mx.has_regions(nbformat.read(p, as_version=4))]
+    """Every numbered notebook: those without a solution region (00, 01, 13) too, with
+    their predictions as the graded cells (or none: 0 points, a locked notebook to run)."""
+    return sorted((root / "notebooks").glob("[0-9]*.ipynb"))
 
 
 def main(argv=None) -> int:
@@ -207,7 +277,8 @@ def main(argv=None) -> int:
                         help="notebook stems to export (default: every lab)")
     parser.add_argument("--course-id", default="transformer-labs")
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
-    parser.add_argument("--prediction-points", type=float, default=0.5)
+    parser.add_argument("--prediction-points", type=float, default=None,
+                        help="points per graded prediction (default: notebooks/labs.toml)")
     args = parser.parse_args(argv)
     chosen = [p for p in labs() if args.only is None or p.stem in args.only]
     if args.only and len(chosen) != len(args.only):
@@ -219,12 +290,15 @@ def main(argv=None) -> int:
         CONFIG.format(course=args.course_id, timeout=args.timeout), encoding="utf-8")
     lines = []
     for path in chosen:
-        nb, total = export_notebook(path, args.prediction_points)
+        manual: list[str] = []
+        nb, total = export_notebook(path, args.prediction_points, manual)
         folder = args.out / "source" / path.stem
         folder.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, folder / path.name)
-        lines.append(f"- `{path.stem}`: {total:g} autograded point(s)")
-        print(f"{folder / path.name}: {total:g} point(s)")
+        by_hand = (f"; marked by hand (no automatic check): {'; '.join(manual)}"
+                   if manual else "")
+        lines.append(f"- `{path.stem}`: {total:g} point(s){by_hand}")
+        print(f"{folder / path.name}: {total:g} point(s){by_hand}")
     (args.out / "README.md").write_text(
         "# nbgrader course: the Transformer labs\n\nWritten by `tools/nbgrader_course.py`; "
         "see docs/nbgrader.md in the repository.\n\nAssignments:\n\n" + "\n".join(lines)

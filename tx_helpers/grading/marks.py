@@ -10,8 +10,10 @@ One exercise, one mark::
   (``NotImplementedError``) passes no probe and earns 0.
 - **Delegation**: an exercise whose code calls the ``tx_helpers`` reference for the same
   block (``return tx.padding_mask(seq, pad_idx)``, ``class MHA(tx.MultiHeadAttention)``) is
-  flagged and earns 0, whatever the check says. Using other ``tx`` blocks as parts is fine
-  (a decoder layer may use ``tx.MultiHeadAttention``).
+  flagged and earns 0, whatever the check says; so does a label-smoothing exercise that
+  passes ``label_smoothing=`` to PyTorch's ``F.cross_entropy`` or ``nn.CrossEntropyLoss``.
+  Using other ``tx`` blocks as parts is fine (a decoder layer may use
+  ``tx.MultiHeadAttention``).
 - **The checker's own crash** earns 0 and says the exercise needs marking by hand.
 - **Predictions** (:func:`tx_helpers.grading.check_prediction`) are marked by
   :func:`mark_predictions`, each worth ``points_each``.
@@ -30,6 +32,16 @@ import warnings
 from dataclasses import dataclass, field
 
 from .report import CheckResult, history
+
+# check_masks marks one mask function at a time: only that mask's own reference is
+# delegation (decoder_self_mask may use tx.padding_mask as a part)
+MASK_REFERENCES: dict[str, tuple[str, ...]] = {
+    "padding_fn": ("padding_mask",), "lookahead_fn": ("lookahead_mask",),
+    "decoder_fn": ("decoder_self_mask",), "cross_fn": ("cross_mask", "cross_attention_mask"),
+}
+# probes a wrong answer passes too (a wrong mask built on the right device): they earn
+# partial credit only when every other probe of the check passed
+SECONDARY_PROBES = ("builds the mask on that device", "builds its mask on the device of its")
 
 # the tx_helpers objects that ARE the answer to each check's exercise
 REFERENCES: dict[str, tuple[str, ...]] = {
@@ -54,14 +66,15 @@ def _is_tx(obj) -> bool:
     return name == "tx_helpers" or name.startswith("tx_helpers.")
 
 
-def find_delegation(obj, check_name: str) -> str | None:
+def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None:
     """What in ``obj``'s own code hands the exercise to the tx reference, or None.
 
     Looks at the source (``inspect.getsource``; IPython keeps cell sources) for a name or
     attribute that resolves to a ``tx_helpers`` object listed in :data:`REFERENCES` for
-    ``check_name``, and at the class's bases.
+    ``check_name`` (for ``check_masks``, only the reference of the mask ``slot`` names,
+    such as ``"decoder_fn"``), and at the class's bases.
     """
-    refs = set(REFERENCES.get(check_name, ()))
+    refs = set(MASK_REFERENCES.get(slot or "", ()) or REFERENCES.get(check_name, ()))
     if not refs:
         return None
     target = getattr(obj, "func", obj)  # a functools.partial
@@ -78,6 +91,10 @@ def find_delegation(obj, check_name: str) -> str | None:
         tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
+    if check_name == "check_label_smoothing":
+        builtin = _builtin_smoothing(tree)
+        if builtin:
+            return builtin
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in refs:
             root = node.value
@@ -89,6 +106,22 @@ def find_delegation(obj, check_name: str) -> str | None:
             value = scope.get(node.id)
             if value is not None and _is_tx(value) and getattr(value, "__name__", "") in refs:
                 return f"it calls {node.id}, imported from tx_helpers: the reference itself"
+    return None
+
+
+def _builtin_smoothing(tree: ast.AST) -> str | None:
+    """A call that passes ``label_smoothing=`` (``F.cross_entropy``, ``nn.CrossEntropyLoss``):
+    PyTorch's own smoothed loss, the whole of the label-smoothing exercise in one call."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg != "label_smoothing":
+                continue
+            if isinstance(kw.value, ast.Constant) and not kw.value.value:
+                continue  # label_smoothing=0: plain cross-entropy, a part
+            return (f"it calls {ast.unparse(node.func)}(..., label_smoothing=...), PyTorch's "
+                    "built-in smoothed loss: the exercise asks you to build that loss yourself")
     return None
 
 
@@ -121,9 +154,45 @@ class Mark:
 
 
 def _probes(result: CheckResult) -> tuple[int, int]:
-    ok = sum(1 for m in result.messages if m.startswith("  ✓ "))
-    bad = sum(1 for m in result.messages if m.startswith("  ✗ "))
-    return ok, ok + bad
+    """(probes that earn credit, probes): a probe a wrong answer passes too (see
+    :data:`SECONDARY_PROBES`) earns nothing while another probe of the check failed."""
+    def secondary(m: str) -> bool:
+        return any(s in m for s in SECONDARY_PROBES)
+
+    ok = sum(1 for m in result.messages if m.startswith("  ✓ ") and not secondary(m))
+    bad = sum(1 for m in result.messages if m.startswith("  ✗ ") and not secondary(m))
+    ok2 = sum(1 for m in result.messages if m.startswith("  ✓ ") and secondary(m))
+    bad2 = sum(1 for m in result.messages if m.startswith("  ✗ ") and secondary(m))
+    return (ok + ok2 if bad == 0 else ok), ok + bad + ok2 + bad2
+
+
+def with_references(obj):
+    """``obj`` with the learner's own versions of other exercises replaced by the references.
+
+    A function that calls the learner's ``lookahead_mask`` is run with ``tx.lookahead_mask``
+    in its place, so a mistake in ``lookahead_mask`` is charged once, at its own exercise.
+    Returns (the function to check, the names replaced). Classes are returned unchanged.
+    """
+    import tx_helpers
+
+    if not isinstance(obj, types.FunctionType):
+        return obj, []
+    refs = {n for names in REFERENCES.values() for n in names}
+    scope = obj.__globals__
+    swapped = {}
+    for name in obj.__code__.co_names:
+        value = scope.get(name)
+        if (name == obj.__name__ or name not in refs or value is None or _is_tx(value)
+                or not callable(value) or not hasattr(tx_helpers, name)):
+            continue
+        swapped[name] = getattr(tx_helpers, name)
+    if not swapped:
+        return obj, []
+    fn = types.FunctionType(obj.__code__, {**scope, **swapped}, obj.__name__,
+                            obj.__defaults__, obj.__closure__)
+    fn.__kwdefaults__ = obj.__kwdefaults__
+    fn.__qualname__, fn.__module__, fn.__doc__ = obj.__qualname__, obj.__module__, obj.__doc__
+    return fn, sorted(swapped)
 
 
 def _choose_check(name: str, obj):
@@ -149,7 +218,7 @@ def mark_result(exercise: str, result: CheckResult, points: float = 1.0,
     else:
         score = round(points * ok / total, 2) if total else 0.0
     lines = [f"Exercise {exercise}: {score:g}/{points:g} point(s)"
-             + (f" ({ok}/{total} probes passed)" if not result.passed else "")]
+             + (f" ({ok}/{total} probes credited)" if not result.passed else "")]
     if delegated:
         lines.append(f"  Not credited: {delegated}. Write this part yourself; the check "
                      "below ran on it anyway.")
@@ -170,17 +239,20 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
     """
     if not isinstance(points, (int, float)) or points < 0:
         raise ValueError(f"points must be a number >= 0, got {points!r}")
+    learner_obj = obj
+    obj, swapped = with_references(obj)
+    slot = None
     if check is None:
-        label, run = _choose_check(exercise, obj)
+        label, run = _choose_check(exercise, learner_obj)
         check_name = label.split("(")[0]
+        if check_name == "check_masks":
+            slot = label.split("(", 1)[1].split("=", 1)[0]
         runner = run
-        if check_kwargs:  # the exercise's own options, e.g. odd_d_model=True
+        if swapped or check_kwargs:  # the exercise's own options, e.g. odd_d_model=True
             from . import discovery
 
             fn = getattr(discovery, check_name)
             if check_name == "check_masks":
-                slot = label.split("(", 1)[1].split("=", 1)[0]
-
                 def runner(verbose=False):
                     return fn(**{slot: obj}, verbose=verbose, **check_kwargs)
             else:
@@ -197,7 +269,11 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = runner(verbose=False)
-    mark = mark_result(exercise, result, points, find_delegation(obj, check_name))
+    mark = mark_result(exercise, result, points, find_delegation(learner_obj, check_name, slot))
+    if swapped:
+        mark.lines.insert(1, "  Checked with " + ", ".join(f"tx.{n}" for n in swapped)
+                          + " in place of your own (marked at its own exercise), so a "
+                          "mistake there costs once.")
     if verbose:
         text = "\n".join(mark.lines)
         try:
