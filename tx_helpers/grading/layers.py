@@ -16,7 +16,7 @@ from .compare import (
     _randomize_norms,
 )
 from .dropout import dropout_probe
-from .localize import layer_probe
+from .localize_stack import layer_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference, locate
 

@@ -18,7 +18,7 @@ from .compare import (
     _instantiate,
     _randomize_norms,
 )
-from .localize import causality_probe, model_probe
+from .localize_stack import causality_probe, model_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
