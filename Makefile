@@ -55,7 +55,7 @@ setup: $(STAMP) $(LAB_OVERRIDES)
 # Copies the exercise notebooks that $(WORK)/ lacks (never overwrites one), then opens
 # JupyterLab on the repository with the file browser in $(WORK)/.
 lab: setup
-	$(BIN)/python tools/make_exercises.py --fill $(WORK)
+	$(BIN)/python -m labkit.course.exercises --fill $(WORK)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/$(WORK) $(if $(filter 0,$(shell id -u)),--allow-root)
 
 test: setup
@@ -78,17 +78,17 @@ test-browser: $(BROWSER_STAMP)
 # generated from the solved notebooks. Never touches $(WORK)/; a copy edited by hand is kept in
 # $(WORK)/rescued/ before it is regenerated.
 exercises: setup
-	$(BIN)/python tools/make_exercises.py
+	$(BIN)/python -m labkit.course.exercises
 
 # What a student gets: dist/transformer-labs/ and dist/transformer-labs.zip (exercise copies,
 # tx_helpers, requirements, a README; no solved notebook, no teacher key).
 handout: setup
-	$(BIN)/python tools/make_handout.py
+	$(BIN)/python -m labkit.course.handout
 
 # One teacher key per lab in teacher/keys/ (git-ignored): solutions, answers, predictions,
 # each check's mistakes. For the teacher only.
 keys: setup
-	$(BIN)/python tools/make_keys.py
+	$(BIN)/python -m labkit.course.keys
 
 # Re-execute notebooks in place (all of them, or NB=notebooks/03_x.ipynb), then merge each
 # cell's stream outputs so a saved progress bar keeps only its last state, store widget cells
@@ -98,7 +98,7 @@ notebooks: setup
 	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(NB)
 	$(BIN)/jupyter nbconvert --coalesce-streams --inplace --log-level=WARN $(NB)  # a progress bar's last state only
 	$(BIN)/python tools/clear_widget_outputs.py $(NB)  # no raw widget text before a cell runs
-	$(BIN)/python tools/make_exercises.py  # the student copies follow their solved notebooks
+	$(BIN)/python -m labkit.course.exercises  # the student copies follow their solved notebooks
 
 # The trained models that ship in tx_helpers/models/ (recipes in tx_helpers/pretrained.py):
 # retrains every one on one thread and rewrites MANIFEST.json: about 3 min of CPU time for the
@@ -121,7 +121,7 @@ ddp-demo: setup
 SUBMISSIONS ?= submissions/*.ipynb
 GRADES ?= grades.csv
 grade: setup
-	$(BIN)/python tools/grade.py $(SUBMISSIONS) --out $(GRADES) $(GRADE_ARGS)
+	$(BIN)/python -m labkit.course.grade $(SUBMISSIONS) --out $(GRADES) $(GRADE_ARGS)
 
 # Teachers with nbgrader: requirements-teacher.txt (nbgrader, pinned) goes into the same venv,
 # then every lab is exported into an nbgrader course folder: make nbgrader [COURSE=course]
@@ -132,7 +132,7 @@ $(TEACHER_STAMP): requirements-teacher.txt $(STAMP)
 	touch $(TEACHER_STAMP)
 
 nbgrader: $(TEACHER_STAMP)
-	$(BIN)/python tools/nbgrader_course.py --out $(COURSE)
+	$(BIN)/python -m labkit.course.nbgrader_export --out $(COURSE)
 
 # The nbgrader round trip (generate, autograde three submissions, feedback) and every command
 # docs/teaching.md and docs/nbgrader.md show.

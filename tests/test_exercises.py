@@ -1,10 +1,9 @@
-"""tools/make_exercises.py: stale check, region replacement, and stubs that the grading
+"""labkit/course/exercises.py: stale check, region replacement, and stubs that the grading
 checks report (and pass once the solution is filled back in)."""
 import ast
 import inspect
 import json
 import math
-import sys
 import textwrap
 from pathlib import Path
 
@@ -14,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import labkit
 import tx_helpers as tx
-from tx_helpers import grading
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import make_exercises as mx  # noqa: E402
+from labkit.course import exercises as mx  # noqa: E402
 
 
 def base_namespace() -> dict:
@@ -223,11 +221,11 @@ def test_synthetic_exercise_from_a_real_function():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(NotImplementedError, match="scale q @ k"):
         stubbed(q, q, q)
-    result = grading.check_attention(stubbed, verbose=False)
+    result = labkit.check_attention(stubbed, verbose=False)
     assert not result.passed and "not_implemented" in result.mistakes
     assert "scale q @ k^T by 1/sqrt(d_k)" in result.report
     filled = new_objects(fill_back(stub, solved), ns)["scaled_dot_product_attention"]
-    assert grading.check_attention(filled, verbose=False).passed
+    assert labkit.check_attention(filled, verbose=False).passed
 
 
 def _definitions(cells) -> str:
@@ -289,7 +287,7 @@ def test_real_exercise_stub_fails_and_solution_passes(path, index):
         pytest.skip("the region is top-level code: the cell itself raises the stub")
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"the cell needs context the test cannot rebuild: {exc!r}")
-    checks = grading.find_checks(stub_objs)
+    checks = labkit.find_checks(stub_objs)
     if not checks:
         pytest.skip(f"no grading check matches the names defined here: {sorted(stub_objs)}")
     hints = [r.hint or mx.DEFAULT_HINT for r in mx.find_regions(solved)]
@@ -298,29 +296,29 @@ def test_real_exercise_stub_fails_and_solution_passes(path, index):
         assert not result.passed and "not_implemented" in result.mistakes, (label, result.report)
         assert any(h in "\n".join(result.messages) for h in hints), (label, result.report)
     filled = fill_back(stub, mx.strip_hidden_tests(solved))
-    for label, run in grading.find_checks(new_objects(filled, ns)):
+    for label, run in labkit.find_checks(new_objects(filled, ns)):
         result = run(verbose=False)
         assert result.passed, (label, result.report)
 
 
 # ----------------------------------------------------------------------------------------
-# tools/grade.py: execute a learner's notebook and collect the check results into a CSV
+# labkit/course/grade.py: execute a learner's notebook and collect the check results into a CSV
 
 
 def test_grade_script_without_exercise_metadata_grades_every_definition(tmp_path):
     import csv
 
-    import grade
+    from labkit.course import grade
 
     cells = [
         nbformat.v4.new_markdown_cell("# A learner's notebook"),
         nbformat.v4.new_code_cell("import math\nimport torch\nfrom torch import nn\n"
-                                  "import tx_helpers as tx"),
+                                  "import labkit\nimport tx_helpers as tx"),
         nbformat.v4.new_code_cell(
             "def attention(q, k, v, mask=None):\n"
             "    w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # forgot the scaling\n"
             "    return w @ v"),
-        nbformat.v4.new_code_cell("_ = tx.grading.check_attention(attention)"),
+        nbformat.v4.new_code_cell("_ = labkit.check_attention(attention)"),
         nbformat.v4.new_code_cell("raise NotImplementedError('an unfinished cell')"),
         nbformat.v4.new_code_cell("class FeedForward(tx.FeedForward):\n    pass"),
     ]
@@ -348,7 +346,7 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
     """A correct, a wrong and an untouched copy of a real exercise notebook."""
     import csv
 
-    import grade
+    from labkit.course import grade
 
     name = "04_feed_forward_and_sublayers.ipynb"
     solved = nbformat.read(ROOT / "notebooks" / name, as_version=4)

@@ -1,4 +1,4 @@
-"""tx_helpers.grading: each check passes correct code written differently from the package,
+"""labkit: each check passes correct code written differently from the package,
 fails each known mistake and names it, and never raises because of learner code."""
 import functools
 import math
@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import labkit as g
 import tx_helpers as tx
-from tx_helpers import grading as g
 
 NEG = -1e9
 
@@ -1098,7 +1098,7 @@ def test_other_layouts_pass(check, cls):
 
 
 def test_a_crash_inside_the_checker_is_not_blamed_on_the_learner(monkeypatch):
-    from tx_helpers.grading import feed_forward, weights
+    from labkit import feed_forward, weights
 
     # a function of the package called the wrong way: the TypeError comes from the checker
     monkeypatch.setattr(feed_forward, "copy_reference", weights.locate)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import tx_helpers as tx
+import labkit
 
 
 def quiet(check, fn):
@@ -48,7 +48,7 @@ def tripled(logits, target, pad_idx, global_tokens, world_size):
 
 
 def test_the_right_loss_passes():
-    result = quiet(tx.grading.check_token_mean_loss, token_mean_loss)
+    result = quiet(labkit.check_token_mean_loss, token_mean_loss)
     assert result.passed and not result.mistakes, result.report
     assert "2 ranks holding" in result.report and "3 ranks holding" in result.report
 
@@ -58,13 +58,13 @@ def test_the_right_loss_passes():
     (pads_counted, "dist_pads_counted"), (plain_sum, "dist_plain_sum"),
     (detached, "loss_detached"), (tripled, "dist_wrong_value")])
 def test_each_loss_mistake_is_named(fn, key):
-    result = quiet(tx.grading.check_token_mean_loss, fn)
+    result = quiet(labkit.check_token_mean_loss, fn)
     assert not result.passed and result.mistakes == [key], result.report
 
 
 def test_the_ranks_really_hold_different_token_counts():
     # the per-rank mean is only wrong when the counts differ: the probe line shows them
-    result = quiet(tx.grading.check_token_mean_loss, per_rank_mean)
+    result = quiet(labkit.check_token_mean_loss, per_rank_mean)
     line = next(m for m in result.messages if "2 ranks holding" in m)
     counts = eval(line.split("holding ")[1].split(" tokens")[0])  # noqa: S307 - our own text
     assert len(set(counts)) == len(counts) == 2
@@ -74,13 +74,13 @@ def test_a_stub_and_a_crash_are_reported_not_raised():
     def stub(logits, target, pad_idx, global_tokens, world_size):
         raise NotImplementedError("return one rank's loss")
 
-    result = quiet(tx.grading.check_token_mean_loss, stub)
+    result = quiet(labkit.check_token_mean_loss, stub)
     assert result.mistakes == ["not_implemented"] and "return one rank's loss" in result.report
 
     def wrong_axis(logits, target, pad_idx, global_tokens, world_size):
         return F.cross_entropy(logits, target, ignore_index=pad_idx)  # (N, L, V): V is not dim 1
 
-    result = quiet(tx.grading.check_token_mean_loss, wrong_axis)
+    result = quiet(labkit.check_token_mean_loss, wrong_axis)
     assert not result.passed and result.mistakes
 
 
@@ -160,7 +160,7 @@ def norm_after_clip(loss, model, optimizer, scaler, clip_norm):
 
 
 def test_the_right_step_passes():
-    result = quiet(tx.grading.check_amp_step, amp_step)
+    result = quiet(labkit.check_amp_step, amp_step)
     assert result.passed and not result.mistakes, result.report
 
 
@@ -190,12 +190,12 @@ def test_the_right_step_matches_tx_train_step():
     (no_update, "amp_no_update"), (no_zero_grad, "no_zero_grad"),
     (norm_after_clip, "amp_grad_norm")])
 def test_each_step_mistake_is_named(fn, key):
-    result = quiet(tx.grading.check_amp_step, fn)
+    result = quiet(labkit.check_amp_step, fn)
     assert not result.passed and key in result.mistakes, result.report
 
 
 def test_an_overflow_that_is_not_skipped_is_named():
-    result = quiet(tx.grading.check_amp_step, bypass)
+    result = quiet(labkit.check_amp_step, bypass)
     assert "amp_overflow_not_skipped" in result.mistakes, result.report
 
 
@@ -203,12 +203,12 @@ def test_a_stub_is_reported_not_raised():
     def stub(loss, model, optimizer, scaler, clip_norm):
         raise NotImplementedError("finish the step; return the norm before clipping")
 
-    result = quiet(tx.grading.check_amp_step, stub)
+    result = quiet(labkit.check_amp_step, stub)
     assert result.mistakes == ["not_implemented"]
     assert "return the norm before clipping" in result.report
 
 
 def test_every_new_mistake_has_text_and_a_hint():
-    for key, (text, hint) in tx.grading.MISTAKES.items():
+    for key, (text, hint) in labkit.MISTAKES.items():
         if key.startswith(("dist_", "amp_")):
             assert text and hint

@@ -1,7 +1,7 @@
-"""tx.grading.check_phone_error_rate: passes the reference, names each likely mistake."""
+"""labkit.check_phone_error_rate: passes the reference, names each likely mistake."""
 import pytest
 
-import tx_helpers as tx
+import labkit
 from tx_helpers import g2p
 
 
@@ -35,7 +35,7 @@ def stub(predictions, references):
 
 
 def test_the_reference_passes():
-    result = tx.grading.check_phone_error_rate(g2p.phone_error_rate, verbose=False)
+    result = labkit.check_phone_error_rate(g2p.phone_error_rate, verbose=False)
     assert result.passed and result.mistakes == []
 
 
@@ -48,12 +48,12 @@ def test_the_reference_passes():
     (lambda p, r: "0.1", "per_not_a_number"),
 ])
 def test_each_likely_mistake_is_named(fn, key):
-    result = tx.grading.check_phone_error_rate(fn, verbose=False)
+    result = labkit.check_phone_error_rate(fn, verbose=False)
     assert not result.passed
     assert result.mistakes[0] == key, result.report
 
 
 def test_the_report_says_what_was_expected(capsys):
-    tx.grading.check_phone_error_rate(first_reference)
+    labkit.check_phone_error_rate(first_reference)
     out = capsys.readouterr().out
     assert "check_phone_error_rate: FAILED" in out and "closest" in out

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tx_helpers import grading as g
+import labkit as g
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_grading import (  # noqa: E402

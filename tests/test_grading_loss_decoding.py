@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import labkit as g
 import tx_helpers as tx
-from tx_helpers import grading as g
-from tx_helpers.grading import decoding as gd
-from tx_helpers.grading.compare import _variants
+from labkit import decoding as gd
+from labkit.compare import _variants
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading_learners_loss_decoding import (  # noqa: E402

@@ -1,6 +1,5 @@
 """Marks per exercise (issue 23, item 5): partial credit, delegation, predictions, feedback."""
 import csv
-import sys
 from pathlib import Path
 
 import nbformat
@@ -8,11 +7,10 @@ import pytest
 import torch
 from torch import nn
 
+import labkit as g
 import tx_helpers as tx
-from tx_helpers import grading as g
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
 
 def padding_delegates(seq, pad_idx):
@@ -90,9 +88,9 @@ def test_bad_points_argument():
 
 
 def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
-    import grade
+    from labkit.course import grade
 
-    code = ("import torch\nimport tx_helpers as tx\n\n"
+    code = ("import torch\nimport labkit\nimport tx_helpers as tx\n\n"
             "def padding_mask(seq, pad_idx):\n    return tx.padding_mask(seq, pad_idx)\n\n"
             "def lookahead_mask(size):\n"
             "    return torch.triu(torch.ones(size, size, dtype=torch.bool), diagonal=0)\n\n"
@@ -103,7 +101,7 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
     cell.metadata["tx_exercise"] = [
         {"number": i + 1, "name": n, "section": "Masks"} for i, n in enumerate(
             ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask"))]
-    pred = nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('mask shape', (4, 4), "
+    pred = nbformat.v4.new_code_cell("_ = labkit.check_prediction('mask shape', (4, 4), "
                                      "tuple(lookahead_mask(4).shape))")
     nb = nbformat.v4.new_notebook(cells=[cell, pred])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",

@@ -1,21 +1,21 @@
-"""tx.grading.check_prediction: graded predictions with named wrong answers."""
+"""labkit.check_prediction: graded predictions with named wrong answers."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-import tx_helpers as tx
+import labkit
 
 
 def test_right_shape_passes_and_reveals(capsys):
     out = torch.zeros(2, 5, 16)
-    result = tx.grading.check_prediction("output shape", (2, 5, 16), out.shape)
+    result = labkit.check_prediction("output shape", (2, 5, 16), out.shape)
     assert result.passed and result.mistakes == []
     assert "you predicted (2, 5, 16); it is (2, 5, 16)" in capsys.readouterr().out
 
 
 def test_known_wrong_answer_is_named():
-    result = tx.grading.check_prediction(
+    result = labkit.check_prediction(
         "parameters of Linear(4, 3)", 27, 15, verbose=False,
         mistakes={27: "you counted the biases twice", 12: "you forgot the biases"})
     assert not result.passed and result.mistakes == ["prediction_known_mistake"]
@@ -23,47 +23,47 @@ def test_known_wrong_answer_is_named():
 
 
 def test_unknown_wrong_answer_reveals_the_value():
-    result = tx.grading.check_prediction("heads", 3, 8, verbose=False)
+    result = labkit.check_prediction("heads", 3, 8, verbose=False)
     assert result.mistakes == ["prediction_wrong"] and "it is 8" in result.report
 
 
 @pytest.mark.parametrize("given, ok", [(0.101, True), (0.099, True), (0.12, False),
                                        (float("nan"), False)])
 def test_numbers_within_tolerance(given, ok):
-    assert tx.grading.check_prediction("loss", given, 0.1, tol=0.005, verbose=False).passed is ok
+    assert labkit.check_prediction("loss", given, 0.1, tol=0.005, verbose=False).passed is ok
 
 
 def test_relative_tolerance_and_tensor_values():
-    assert tx.grading.check_prediction("count", 1050, torch.tensor(1000), rel=0.1,
+    assert labkit.check_prediction("count", 1050, torch.tensor(1000), rel=0.1,
                                        verbose=False).passed
-    assert not tx.grading.check_prediction("count", 1200, 1000, rel=0.1, verbose=False).passed
+    assert not labkit.check_prediction("count", 1200, 1000, rel=0.1, verbose=False).passed
 
 
 def test_choices_ignore_case_and_space_but_not_bool_vs_int():
-    assert tx.grading.check_prediction("layout", " Post-LN", "post-ln", verbose=False).passed
-    assert not tx.grading.check_prediction("masked?", 1, True, verbose=False).passed
+    assert labkit.check_prediction("layout", " Post-LN", "post-ln", verbose=False).passed
+    assert not labkit.check_prediction("masked?", 1, True, verbose=False).passed
 
 
 @pytest.mark.parametrize("blank", [..., None])
 def test_blank_prediction_is_reported_not_raised(blank):
-    result = tx.grading.check_prediction("output shape", blank, (2, 5), verbose=False)
+    result = labkit.check_prediction("output shape", blank, (2, 5), verbose=False)
     assert result.mistakes == ["prediction_missing"]
     assert "no prediction yet; the answer is (2, 5)" in result.report
 
 
 def test_bad_arguments_say_what_was_expected():
     with pytest.raises(TypeError, match="name must be a non-empty string"):
-        tx.grading.check_prediction("", 1, 1)
+        labkit.check_prediction("", 1, 1)
     with pytest.raises(ValueError, match=r"tol must be a number >= 0 or None, got -1"):
-        tx.grading.check_prediction("x", 1, 1, tol=-1)
+        labkit.check_prediction("x", 1, 1, tol=-1)
 
 
 @pytest.mark.parametrize("given, want", [("True", True), (" false ", False), ("9", 9),
                                          ("32,768", 32768), ("near 100 %", "near 100%")])
 def test_answers_typed_as_text_are_read_as_the_answer_kind(given, want):
-    assert tx.grading.check_prediction("x", given, want, verbose=False).passed
+    assert labkit.check_prediction("x", given, want, verbose=False).passed
 
 
 def test_text_that_is_not_the_answer_kind_still_fails():
-    assert not tx.grading.check_prediction("x", "nine", 9, verbose=False).passed
-    assert not tx.grading.check_prediction("x", "yes", True, verbose=False).passed
+    assert not labkit.check_prediction("x", "nine", 9, verbose=False).passed
+    assert not labkit.check_prediction("x", "yes", True, verbose=False).passed

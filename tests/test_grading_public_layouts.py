@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tx_helpers import grading as g
+import labkit as g
 
 
 class PEDropoutFirst(nn.Module):

@@ -15,12 +15,10 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import make_exercises as mx  # noqa: E402
-import make_handout  # noqa: E402
-import make_keys  # noqa: E402
-
-from tx_helpers import grading  # noqa: E402
+import labkit  # noqa: E402
+from labkit.course import exercises as mx  # noqa: E402
+from labkit.course import handout as make_handout  # noqa: E402
+from labkit.course import keys as make_keys  # noqa: E402
 
 SOLVED = mx.solved_notebooks(ROOT)
 NUMBERS = [f"{n:02d}" for n in range(14)]
@@ -199,7 +197,7 @@ def test_copies_drop_answers_and_keep_questions_and_hints():
         nbformat.v4.new_markdown_cell("<details><summary>Answers</summary>all</details>"),
         nbformat.v4.new_markdown_cell("**Predict.** How many?"),
         nbformat.v4.new_code_cell("n_params = 66_048  ### PREDICTION"),
-        nbformat.v4.new_code_cell("_ = tx.grading.check_prediction('count', n_params, 66048)"),
+        nbformat.v4.new_code_cell("_ = labkit.check_prediction('count', n_params, 66048)"),
         nbformat.v4.new_code_cell("print(66048)", metadata={"tags": ["answer"]}),
         nbformat.v4.new_markdown_cell("**Write.** Where is the bug?\n\n"
                                       "<details><summary>Answer</summary>line 3</details>"),
@@ -323,7 +321,7 @@ def test_teacher_key_holds_what_the_copy_drops(path):
         missing += [f"wrong answer {w}" for w, _ in p["mistakes"] if f"`{w}`" not in key]
     for check in {c["check"] for c in info["checks"]}:
         for mistake in make_keys.mistakes_of(check):
-            text, hint = grading.MISTAKES[mistake]
+            text, hint = labkit.MISTAKES[mistake]
             if f"`{mistake}`: {text}" not in key or hint not in key:
                 missing.append(f"{check}: {mistake}")
     assert not missing, f"{path.name}: the teacher key lacks {missing}"
@@ -372,7 +370,7 @@ def prediction_problems(nb) -> list[str]:
     """The rules of a graded prediction (docs/CONVENTIONS.md), as problems found."""
     info = mx.lab_info(nb)
     problems = [f"`{name}` ({mx.PREDICTION_MARK}) is never passed to "
-                "tx.grading.check_prediction" for name in info["ungraded_predictions"]]
+                "labkit.check_prediction" for name in info["ungraded_predictions"]]
     for p in info["predictions"]:
         at, asked = p["cell"], p["question_cell"]
         cell = nb.cells[at]
@@ -401,7 +399,7 @@ def test_prediction_rules_on_a_synthetic_notebook():
                  "stream", text="shape (2, 5, 16)\n")]),
              nbformat.v4.new_code_cell("shape = (2, 5, 16)  ### PREDICTION"),
              nbformat.v4.new_code_cell(
-                 "_ = tx.grading.check_prediction('output shape', shape, (2, 5, 16))",
+                 "_ = labkit.check_prediction('output shape', shape, (2, 5, 16))",
                  outputs=[nbformat.v4.new_output("stream", text=(
                      "check_prediction: passed (1/1 probes)\n  ✓ output shape: you predicted "
                      "(2, 5, 16); it is (2, 5, 16)\n"))]),
@@ -415,7 +413,7 @@ def test_prediction_rules_on_a_synthetic_notebook():
     assert len(prediction_problems(nb)) == 1  # (2, 5, 160) does not give (2, 5, 16) away
     quiz = ("rows = [('1. output', shape, (2, 5, 16), {(5, 2, 16): 'swapped'})]\n"
             "for q, p, want, m in rows:\n"
-            "    _ = tx.grading.check_prediction(q, p, want, mistakes=m)")
+            "    _ = labkit.check_prediction(q, p, want, mistakes=m)")
     cells[3].source = quiz  # graded in a loop, as 11's shape quiz does
     info = mx.lab_info(nb)
     assert [(p["name"], p["label"], p["mistakes"]) for p in info["predictions"]] == [
@@ -433,7 +431,7 @@ def test_every_notebook_has_three_graded_predictions(number):
     assert len(info["predictions"]) >= MIN_PREDICTIONS and not problems, (
         f"{paths[0].name}: {len(info['predictions'])} graded prediction(s), at least "
         f"{MIN_PREDICTIONS} wanted (a '**Predict.**' markdown cell, then a cell with "
-        f"`name = value  {mx.PREDICTION_MARK}`, then a tx.grading.check_prediction call that "
+        f"`name = value  {mx.PREDICTION_MARK}`, then a labkit.check_prediction call that "
         "takes `name`)" + "".join(f"\n- {p}" for p in problems))
 
 
@@ -536,7 +534,7 @@ def test_handout_holds_no_solved_notebook_and_no_key(handout):
         assert "teacher key" not in (folder / f).read_bytes().decode("utf-8", "ignore").lower() \
             or f.endswith(".py"), f
     assert {"README.md", "pyproject.toml", "requirements.txt", "tx_helpers/__init__.py",
-            "tx_helpers/grading/__init__.py", "tx_helpers/models/MANIFEST.json",
+            "labkit/__init__.py", "tx_helpers/models/MANIFEST.json",
             "docs/defects.md", "jupyterlab-overrides.json"} <= set(files)
     assert (folder / "requirements.txt").read_text() == (ROOT / "requirements.txt").read_text()
     tools = [f for f in files if f.startswith(("tools/", "benchmarks/"))]
@@ -637,7 +635,8 @@ def test_learners_folder_is_ignored_and_outside_what_the_tests_collect():
     test_recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
     assert mx.WORK_DIR not in test_recipe and not mx.WORK_DIR.startswith(("notebooks", "tests"))
     lab_recipe = re.search(r"^lab:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
-    assert "make_exercises.py --fill $(WORK)" in lab_recipe and "/lab/tree/$(WORK)" in lab_recipe
+    assert "labkit.course.exercises --fill $(WORK)" in lab_recipe
+    assert "/lab/tree/$(WORK)" in lab_recipe
 
 
 # ----------------------------------------------------------------------------------------
@@ -676,12 +675,12 @@ def test_note_puts_each_exercise_in_its_own_section():
              nbformat.v4.new_markdown_cell("## 2. Look-ahead"),
              nbformat.v4.new_code_cell("def lookahead_mask(size):\n    ### BEGIN SOLUTION\n"
                                        "    return size\n    ### END SOLUTION"),
-             nbformat.v4.new_code_cell("_ = tx.grading.check_masks(padding_mask, lookahead_mask)")]
+             nbformat.v4.new_code_cell("_ = labkit.check_masks(padding_mask, lookahead_mask)")]
     ex = mx.make_exercise(nbformat.v4.new_notebook(cells=cells), "05_masks.ipynb")
     note = ex.cells[0].source
     assert "`padding_mask`, in section *1. Padding*" in note
     assert "`lookahead_mask`, in section *2. Look-ahead*" in note
-    assert "`tx.grading.check_masks(padding_mask, lookahead_mask)`" in note
+    assert "`labkit.check_masks(padding_mask, lookahead_mask)`" in note
     assert "check_multi_head_attention" not in note
 
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import labkit as g
 import tx_helpers as tx
-from tx_helpers import grading as g
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grading_learners_loss_decoding import (  # noqa: E402

@@ -51,7 +51,7 @@ def _submission(release: Path, source: Path, change=None):
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     course = tmp_path_factory.mktemp("course")
-    subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+    subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
                     str(course), "--only", LAB], check=True, capture_output=True)
     _run(["generate_assignment", LAB, "--force"], course)
     release = course / "release" / LAB / f"{LAB}.ipynb"
@@ -104,8 +104,7 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
     # the solved prediction values are not handed out
     assert not any("### PREDICTION" in c.source or "= (3, 1, 6)" in c.source
                    for c in nb.cells), "a prediction's value is visible"
-    sys.path.insert(0, str(ROOT / "tools"))
-    import make_exercises as mx
+    from labkit.course import exercises as mx
 
     assert not any(mx.answer_blocks(c.source) for c in nb.cells if c.cell_type == "markdown")
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
@@ -118,7 +117,7 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
 
 
 def test_every_lab_exports(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+    proc = subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
                            str(tmp_path)], check=True, capture_output=True, text=True)
     sources = sorted(p.parent.name for p in (tmp_path / "source").glob("*/*.ipynb"))
     assert LAB in sources and len(sources) >= 8, proc.stdout
@@ -128,9 +127,8 @@ def test_every_lab_exports(tmp_path):
 def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
     """The exporter's points are notebooks/labs.toml's, as in make grade: 0.5 per prediction
     (also when one cell checks several), 00, 01 and 13 exported, hand-marked exercises named."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import make_exercises as mx
-    import nbgrader_course as nc
+    from labkit.course import exercises as mx
+    from labkit.course import nbgrader_export as nc
 
     labs = mx.load_labs()
     stems = [p.stem[:2] for p in nc.labs()]
@@ -143,7 +141,7 @@ def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
         assert got == want, (path.stem, got, want)
         if path.stem.startswith("06"):
             assert any("MyEncoder" in m for m in manual), manual
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "nbgrader_course.py"), "--out",
+    proc = subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
                            str(tmp_path), "--only", "06_encoder_and_decoder"], check=True,
                           capture_output=True, text=True)
     assert "marked by hand (no automatic check): 1. MyEncoder.forward" in proc.stdout

@@ -2,7 +2,7 @@
 
 A teacher copies these lines into a fresh shell, where the project's virtual environment is
 not active, so they run here with the venv's bin folder taken off PATH: a bare ``python
-tools/grade.py`` that only works inside the venv fails this test (it did: "No module named
+labkit/course/grade.py`` that only works inside the venv fails this test (it did: "No module named
 'nbformat'"). Fenced blocks marked ``sh``, ``bash``, ``console`` or unmarked are run as bash
 scripts from the repository root, with placeholders pointed at a temporary folder
 (``submissions/`` gets one small learner notebook; ``grades.csv`` and ``course`` go to the

@@ -1,6 +1,6 @@
 """Recall on a catalogue of mistakes written without reading the checks (issue 23, item 3).
 
-``tests/unseen_mistakes.py`` was written by a helper who had not read ``tx_helpers.grading``:
+``tests/unseen_mistakes.py`` was written by a helper who had not read ``labkit``:
 ``UNSEEN`` mistakes (each with ``words`` a correct diagnosis would use) and ``CORRECT`` blocks
 in other layouts. A mistake counts as *named* when the check fails, its mistakes are not only
 the generic ``mismatch`` (nor ``checker_failed``), and the report contains one of the entry's
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 catalogue = pytest.importorskip("unseen_mistakes") if __name__ != "__main__" else __import__(
     "unseen_mistakes")
 
-from tx_helpers import grading as g  # noqa: E402
+import labkit as g  # noqa: E402
 
 GENERIC = {"mismatch", "checker_failed"}
 # measured with this file's naming rule (see the module docstring and the final report)

@@ -1,7 +1,7 @@
 """A second, independent catalogue of learner mistakes in Transformer building blocks.
 
-Written without reading ``tx_helpers/grading`` or its tests, to measure how often the
-``tx.grading.check_*`` functions name a mistake they were not written for. Each buggy
+Written without reading ``labkit`` or its tests, to measure how often the
+``labkit.check_*`` functions name a mistake they were not written for. Each buggy
 block below is correct code with one change, written the way a learner would write it;
 many changes come from public bug reports on tutorials and from-scratch implementations.
 

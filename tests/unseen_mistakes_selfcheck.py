@@ -1,4 +1,4 @@
-"""Self-check of tests/unseen_mistakes.py, independent of tx_helpers.grading.
+"""Self-check of tests/unseen_mistakes.py, independent of labkit.
 
 Run: ``.venv/bin/python tests/unseen_mistakes_selfcheck.py``
 

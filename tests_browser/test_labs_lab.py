@@ -1,7 +1,7 @@
 """The project's Lab as `make lab` starts it, seen in headless Chromium (issue 22, items 7-8).
 
 JupyterLab runs on a temporary copy of the project with `my-work/` filled by
-``tools/make_exercises.py --fill`` and the flags of `make lab`. A learner must land in
+``labkit/course/exercises.py --fill`` and the flags of `make lab`. A learner must land in
 `my-work/`, an exercise copy must open unmodified, and no "Jupyter news" question may appear
 when the override `make setup` installs is in place. Needs Debian's chromium and playwright.
 """
@@ -22,8 +22,7 @@ import pytest
 playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import make_exercises as mx  # noqa: E402
+from labkit.course import exercises as mx  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OVERRIDES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"

@@ -1,6 +1,5 @@
 """tx_helpers: the verified building blocks of the Transformer-from-scratch notebooks."""
 from . import g2p as g2p  # English pronunciation from the CMU dictionary (notebook 13)
-from . import grading as grading  # diagnostic checks for the exercises
 from . import interop as interop  # tx weights into the matching torch.nn modules
 from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
 from .config import ModelConfig

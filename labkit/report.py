@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+import tx_helpers
+
 from .mistakes import MISTAKES
 
 
@@ -124,8 +126,10 @@ class _Report:
         return result
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tx_helpers/
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+# Frames in the lab kit, in the blocks it compares with, and in torch are not the learner's.
+_NOT_LEARNER = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                os.path.dirname(os.path.abspath(tx_helpers.__file__)) + os.sep, _TORCH_DIR)
 
 
 def _learner_frame(exc: BaseException) -> str:
@@ -133,7 +137,7 @@ def _learner_frame(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
         path = os.path.abspath(frame.filename)
-        if path.startswith(_TORCH_DIR) or path.startswith(_PACKAGE_DIR):
+        if path.startswith(_NOT_LEARNER):
             continue
         line = (frame.line or "").strip()
         if not line or line.startswith("raise NotImplementedError"):  # the stub: said already
@@ -143,10 +147,9 @@ def _learner_frame(exc: BaseException) -> str:
 
 
 def _from_learner(exc: BaseException) -> bool:
-    """Whether any frame of the traceback lies outside torch and tx_helpers."""
+    """Whether any frame of the traceback lies outside torch, tx_helpers and the lab kit."""
     for frame in traceback.extract_tb(exc.__traceback__):
-        path = os.path.abspath(frame.filename)
-        if not (path.startswith(_TORCH_DIR) or path.startswith(_PACKAGE_DIR)):
+        if not os.path.abspath(frame.filename).startswith(_NOT_LEARNER):
             return True
     return False
 

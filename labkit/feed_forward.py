@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers import FeedForward
+from tx_helpers.layers import FeedForward
+
 from .compare import (
     _as_output,
     _close,

@@ -6,7 +6,8 @@ import math
 import torch
 from torch import nn
 
-from ..positional import sinusoidal_table
+from tx_helpers.positional import sinusoidal_table
+
 from .compare import (
     _as_output,
     _by_name,

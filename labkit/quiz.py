@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import KVCache, MultiHeadAttention
-from ..config import ModelConfig
-from ..masks import decoder_self_mask, lookahead_mask, padding_mask
-from ..model import Transformer
+from tx_helpers.attention import KVCache, MultiHeadAttention
+from tx_helpers.config import ModelConfig
+from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
+from tx_helpers.model import Transformer
+
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 

@@ -8,9 +8,10 @@ import warnings
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..model import Transformer
-from ..training import noam_scheduler
+from tx_helpers.config import ModelConfig
+from tx_helpers.model import Transformer
+from tx_helpers.training import noam_scheduler
+
 from .compare import (
     _close,
     _compare,

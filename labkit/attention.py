@@ -5,7 +5,8 @@ import math
 
 import torch
 
-from ..attention import scaled_dot_product_attention
+from tx_helpers.attention import scaled_dot_product_attention
+
 from .compare import (
     _as_output,
     _both_kinds_mask,

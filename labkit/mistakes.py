@@ -85,7 +85,7 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "mask_needs_head_axis": ("a 3-D mask (N, L_q, L_k) or (N, 1, L_k) does not broadcast over "
                              "the heads", "add the head axis inside forward: "
                              "mask = mask.unsqueeze(1) gives (N, 1, L_q, L_k)"),
-    # found by the localising probes (tx_helpers/grading/localize.py)
+    # found by the localising probes (labkit/localize.py)
     "attention_values_wrong": ("the output is not the attention weights applied to v",
                                "return weights @ v, with weights = softmax(scores, dim=-1)"),
     "attention_rows_not_normalised": ("each query's weights over the keys do not sum to 1",

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import MultiHeadAttention
+from tx_helpers.attention import MultiHeadAttention
+
 from .attention import _attention_variant
 from .compare import (
     _as_output,

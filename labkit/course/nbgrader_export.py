@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Export every lab into an nbgrader course folder (``make nbgrader``).
 
-  .venv/bin/python tools/nbgrader_course.py --out course [--only 05_masks ...]
+  .venv/bin/python -m labkit.course.nbgrader_export --out course [--only 05_masks ...]
 
 For each numbered notebook (solution regions are ``### BEGIN SOLUTION`` ... ``### END
 SOLUTION``), ``course/source/<notebook stem>/<notebook>.ipynb`` is written in nbgrader's
@@ -12,7 +12,7 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
   as a ``# Hint:`` comment above it, so students still see it);
 - after it, one *autograder test* cell per class or function it defines that a check covers,
   worth the lab's exercise points per exercise it holds: it calls
-  :func:`tx_helpers.grading.mark_exercise`,
+  :func:`labkit.mark_exercise`,
   which prints the full report (the named mistake, the hint) and ends with the score, which
   nbgrader reads as partial credit. Delegating to the ``tx_helpers`` reference earns 0;
 - each ``name = value  ### PREDICTION`` line becomes a solution region under a
@@ -47,17 +47,16 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+ROOT = Path(__file__).resolve().parents[2]
 
-import make_exercises as mx  # noqa: E402
-from grade import defined_names  # noqa: E402
+from labkit.course import exercises as mx  # noqa: E402
+from labkit.course.grade import defined_names  # noqa: E402
 
-from tx_helpers.grading import check_options  # noqa: E402
+from labkit import check_options  # noqa: E402
 
 SCHEMA = 3
 CONFIG = '''\
-# nbgrader configuration for the Transformer labs (written by tools/nbgrader_course.py).
+# nbgrader configuration for the Transformer labs (written by labkit/course/nbgrader_export.py).
 c = get_config()  # noqa: F821 - nbgrader provides it
 c.CourseDirectory.course_id = {course!r}
 c.CourseDirectory.db_url = "sqlite:///gradebook.db"
@@ -68,11 +67,11 @@ c.Execute.timeout = {timeout}
 TEST_CELL = '''\
 # Autograded ({points:g} point{s}): {items}.
 # The check prints what is wrong and how to fix it; the last line is the score.
-import tx_helpers.grading as _grading
+import labkit as _grading
 _mark = _grading.mark_exercise({name!r}, {name}, points={points!r}{options})
 _mark.score'''
 PREDICTION_HEAD = '''\
-import tx_helpers.grading as _grading
+import labkit as _grading
 _before = len(_grading.history())  # the predictions this cell checks come after this line
 '''
 PREDICTION_TAIL = '''
@@ -95,7 +94,7 @@ def _check_label(name: str, is_class: bool) -> str | None:
     """The check find_checks pairs with a class or function of this name, without running it."""
     from torch import nn
 
-    from tx_helpers.grading import find_checks
+    from labkit import find_checks
 
     dummy = type(name, (nn.Module,), {}) if is_class else (lambda *a, **k: None)
     if not is_class:
@@ -157,7 +156,7 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                     manual: list[str] | None = None) -> tuple[object, float]:
     """The nbgrader source version of one solved notebook, and its total points.
 
-    Points come from ``notebooks/labs.toml`` (``tools/make_exercises.py``'s ``load_labs``
+    Points come from ``notebooks/labs.toml`` (``labkit/course/exercises.py``'s ``load_labs``
     and ``lab_settings``): each exercise and each graded prediction, also when one cell
     checks several predictions. ``prediction_points`` overrides the prediction value.
     Exercises no check covers become manually graded answer cells with their points; their
@@ -300,7 +299,7 @@ def main(argv=None) -> int:
         lines.append(f"- `{path.stem}`: {total:g} point(s){by_hand}")
         print(f"{folder / path.name}: {total:g} point(s){by_hand}")
     (args.out / "README.md").write_text(
-        "# nbgrader course: the Transformer labs\n\nWritten by `tools/nbgrader_course.py`; "
+        "# nbgrader course: the Transformer labs\n\nWritten by `labkit/course/nbgrader_export.py`; "
         "see docs/nbgrader.md in the repository.\n\nAssignments:\n\n" + "\n".join(lines)
         + "\n\nIn this folder: `nbgrader generate_assignment NAME`, collect submissions into "
         "`submitted/<student>/NAME/`, `nbgrader autograde NAME`, "

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
-from ..decoding import greedy_decode
-from ..masks import padding_mask
-from ..model import Transformer
+from tx_helpers.config import ModelConfig
+from tx_helpers.decoding import greedy_decode
+from tx_helpers.masks import padding_mask
+from tx_helpers.model import Transformer
+
 from .compare import _as_output, _compare
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 

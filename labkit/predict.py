@@ -4,7 +4,7 @@ The pattern, in three cells: a markdown cell asks the question; a code cell hold
 answer, one assignment ending with ``### PREDICTION`` (the exercise copies turn it into
 ``name = ...``); the next code cell computes the true value and calls::
 
-    tx.grading.check_prediction("output shape", predicted_shape, tuple(out.shape),
+    labkit.check_prediction("output shape", predicted_shape, tuple(out.shape),
                                 mistakes={(2, 8, 5, 16): "that is the split-heads layout"})
 
 It prints one ✓/✗ line, the named mistake when the answer is a known wrong one, and the true

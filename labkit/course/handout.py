@@ -5,8 +5,9 @@ Writes dist/transformer-labs/ and dist/transformer-labs.zip with
 
 - notebooks/NN_*.ipynb: the exercise copy of every notebook 00-13, generated now from the
   solved notebooks (stubs, blank predictions, no answers);
-- tx_helpers/: the package with its checks and trained models (the notebooks need it; its
-  source still shows reference implementations, see docs/teaching.md);
+- tx_helpers/: the blocks and their trained models (the notebooks need it; its source still
+  shows reference implementations, see docs/teaching.md);
+- labkit/: the checks that name a mistake (without labkit/course/, the teacher's builders);
 - pyproject.toml and requirements.txt (the pinned versions the notebooks were run with);
 - docs/defects.md (the notebooks link to it);
 - benchmarks/ddp_demo.txt and tools/train_ddp.py, the only tool: notebook 12 prints the recorded
@@ -18,8 +19,8 @@ No solved notebook, no teacher key, no tests, and no other tool (no grader, no k
 generator). The folder is rebuilt from scratch on
 every run.
 
-  python tools/make_handout.py               # dist/transformer-labs/ and its .zip
-  python tools/make_handout.py --out DIR     # DIR/transformer-labs/ and DIR/transformer-labs.zip
+  python -m labkit.course.handout               # dist/transformer-labs/ and its .zip
+  python -m labkit.course.handout --out DIR     # DIR/transformer-labs/ and DIR/transformer-labs.zip
 """
 from __future__ import annotations
 
@@ -29,8 +30,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_exercises as mx  # noqa: E402
+from labkit.course import exercises as mx  # noqa: E402
 
 ROOT = mx.ROOT
 NAME = "transformer-labs"
@@ -40,7 +40,8 @@ OVERRIDES = Path("tools") / "jupyterlab" / "overrides.json"
 # DDP script (which, like the package, shows how the distributed step is done).
 COPIED = ["pyproject.toml", "requirements.txt", "docs/defects.md", "benchmarks/ddp_demo.txt",
           "tools/train_ddp.py"]
-SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
+SKIP_PATTERNS = ("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
+SKIP = shutil.ignore_patterns(*SKIP_PATTERNS)
 FIXED_TIME = (2020, 1, 1, 0, 0, 0)  # zip entries get one timestamp: the same files, the same zip
 
 README = """\
@@ -52,8 +53,8 @@ notebook, on a small helper package, `tx_helpers` (imported as `tx`).
 - `notebooks/`: the labs. Each starts with a note that lists its sections, the code you write
   (each `raise NotImplementedError(...)` line), the checks to run, and its predictions. This
   folder is yours: nothing regenerates it. Keep a copy of your work elsewhere too.
-- `tx_helpers/`: the helper package, with the checks (`tx.grading`) that tell you in words
-  what is wrong with your code.
+- `tx_helpers/`: the helper package, the verified blocks (imported as `tx`).
+- `labkit/`: the checks that tell you in words what is wrong with your code.
 - `docs/defects.md`: the source article's defects, which the notebooks cite.
 
 ## Set-up (Python 3.11, about 1.5 GB, a few minutes)
@@ -77,7 +78,7 @@ use WSL 2 with Ubuntu and the same commands. Nothing needs a GPU.
 - **Predict.** cells: replace the `...` in `name = ...  # your prediction` with your answer and
   run it *before* the next cell, which grades your answer and shows the true value.
 - After you fill in a stub, run the check cell below it, e.g.
-  `tx.grading.check_masks(padding_mask, lookahead_mask, decoder_self_mask)`: it prints ✓/✗ per
+  `labkit.check_masks(padding_mask, lookahead_mask, decoder_self_mask)`: it prints ✓/✗ per
   probe and names the likely mistake with a hint.
 - **Write.** cells: write your answer in the cell below the question.
 - Hand in the notebooks your teacher asks for (save them first: File > Save Notebook).
@@ -93,6 +94,8 @@ def build(out_root: Path, root: Path = ROOT) -> tuple[Path, Path]:
     for path, text in mx.expected_exercises(root).items():
         (folder / "notebooks" / path.name).write_text(text, encoding="utf-8")
     shutil.copytree(root / "tx_helpers", folder / "tx_helpers", ignore=SKIP)
+    shutil.copytree(root / "labkit", folder / "labkit",
+                    ignore=shutil.ignore_patterns("course", *SKIP_PATTERNS))
     for rel in COPIED:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, folder / rel)

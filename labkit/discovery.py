@@ -105,7 +105,7 @@ def check_namespace(namespace: dict, module: str | None = "__main__",
                     verbose: bool = True) -> list[CheckResult]:
     """Run every check :func:`find_checks` pairs with the objects in ``namespace``.
 
-    In a notebook: ``tx.grading.check_namespace(globals())``.
+    In a notebook: ``labkit.check_namespace(globals())``.
     """
     return [run(verbose=verbose) for _, run in find_checks(namespace, module)]
 

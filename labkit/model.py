@@ -7,9 +7,10 @@ import math
 import torch
 from torch import nn
 
-from ..config import ModelConfig
-from ..masks import decoder_self_mask, padding_mask
-from ..model import Transformer
+from tx_helpers.config import ModelConfig
+from tx_helpers.masks import decoder_self_mask, padding_mask
+from tx_helpers.model import Transformer
+
 from .compare import (
     _as_output,
     _close,
@@ -65,7 +66,7 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
     (load_state_dict, strict=False); positional-encoding buffers stay the learner's.
     Masks are passed explicitly: src_mask (N, 1, L_src), tgt_mask (N, L_tgt, L_tgt).
     ``norm_first=True`` expects a Pre-LN model (the config passed has ``norm_first=True``).
-    Submodules under other usual names are found (see :mod:`tx_helpers.grading.weights`).
+    Submodules under other usual names are found (see :mod:`labkit.weights`).
     ``share_embeddings=True`` passes a config with one vocabulary (29) and
     ``share_embeddings=True``, and expects the source embedding, the target embedding and the
     generator to hold one and the same Parameter (as in ``tx.Transformer``).

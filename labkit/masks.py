@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..masks import decoder_self_mask, lookahead_mask, padding_mask
+from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
+
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ..g2p import edit_distance, phone_error_rate
+from tx_helpers.g2p import edit_distance, phone_error_rate
+
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 

@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
-"""Grade learners' exercise notebooks: execute each one, collect tx_helpers.grading results.
+"""Grade learners' exercise notebooks: execute each one, collect labkit results.
 
   make grade SUBMISSIONS="submissions/*.ipynb"            (uses the project's venv)
-  .venv/bin/python tools/grade.py submissions/*.ipynb --out grades.csv [--strict]
+  .venv/bin/python -m labkit.course.grade submissions/*.ipynb --out grades.csv [--strict]
 
 Each notebook runs top to bottom in a fresh kernel (errors do not stop it: a learner's
 unfinished cell is recorded, the rest still runs). Then one extra cell, never saved, runs
 the checks for the learner's exercises.
 
 What is graded: the classes and functions defined in the exercise cells, which
-``tools/make_exercises.py`` marks in the cell metadata (``tx_exercise``: number, name,
+``labkit/course/exercises.py`` marks in the cell metadata (``tx_exercise``: number, name,
 section). A notebook's own demonstration code (``BuggyMultiHeadAttention``, an
 ``ArticleEncoder``) lives in other cells and is never graded. Each exercised name gets the
-check :func:`tx_helpers.grading.find_checks` pairs with it, run on its final definition;
+check :func:`labkit.find_checks` pairs with it, run on its final definition;
 a check the notebook ran itself on the same object is not counted again. A notebook
 without that metadata (an older copy) falls back to every class and function it defines.
 
@@ -28,11 +28,11 @@ Outputs:
   mark and its full report (the ✓/✗ probe lines, the diagnosis and the hint), for the
   student.
 
-Marks (:func:`tx_helpers.grading.mark_exercise`, the same function nbgrader's test cells
+Marks (:func:`labkit.mark_exercise`, the same function nbgrader's test cells
 call): each checked exercise is worth 1 point (a class that holds several exercises, one per
 exercise); a failed check earns its share of probes passed; code that hands the exercise to
 the ``tx_helpers`` reference (``return tx.padding_mask(...)``) is flagged and earns 0; each
-graded prediction (``tx.grading.check_prediction``) is worth ``--prediction-points``. Mask
+graded prediction (``labkit.check_prediction``) is worth ``--prediction-points``. Mask
 functions are checked one by one, so each has its own mark.
 
 Exit status: 0; with ``--strict``, 1 when any check failed or a notebook could not be graded.
@@ -50,13 +50,13 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from tx_helpers.grading.marks import check_options
+from labkit.marks import check_options
 
 MARK = "@@TX_GRADES@@"
 META_KEY = "tx_exercise"
 COLLECT = """\
 import json as _json
-import tx_helpers.grading as _grading
+import labkit as _grading
 _names = {names!r}
 _points = {points!r}
 _options = {options!r}

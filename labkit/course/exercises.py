@@ -12,7 +12,7 @@ For every solved notebook notebooks/NN_*.ipynb, writes notebooks/exercises/NN_*.
   without reading it first; the prediction cell and the top note say so;
 - answers are dropped: ``<details>`` blocks whose summary starts with "Answer", text between
   ``<!-- answer -->`` and ``<!-- /answer -->``, and every cell tagged ``answer`` (the teacher
-  key, tools/make_keys.py, keeps all of them);
+  key, labkit/course/keys.py, keeps all of them);
 - after each written question (a markdown cell starting with ``**Write.**``) an empty answer
   cell is added for the learner; so it is after a cell tagged ``answer-space`` (an ungraded
   question, e.g. notebook 11's headings: the learner answers before the proof cells below it);
@@ -33,9 +33,9 @@ in notebooks/exercises/ that someone edited by hand (its cells no longer match i
 fingerprint) is moved to my-work/rescued/ before it is replaced: nothing a learner typed is
 lost. Learners work in my-work/ (``--fill``), which this tool never overwrites.
 
-  python tools/make_exercises.py             # write notebooks/exercises/ and the table
-  python tools/make_exercises.py --check     # exit 1 if either is stale, missing or extra
-  python tools/make_exercises.py --fill my-work   # copy missing exercise notebooks there
+  python -m labkit.course.exercises             # write notebooks/exercises/ and the table
+  python -m labkit.course.exercises --check     # exit 1 if either is stale, missing or extra
+  python -m labkit.course.exercises --fill my-work   # copy missing exercise notebooks there
 """
 from __future__ import annotations
 
@@ -57,19 +57,19 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLVED_GLOB = "[0-9][0-9]_*.ipynb"
 EXERCISE_DIR = "exercises"
 WORK_DIR = "my-work"  # the learner's own copies (git-ignored; filled once, never overwritten)
 RESCUE_DIR = "rescued"  # my-work/rescued/: hand-edited copies found in notebooks/exercises/
 LABS_TOML = Path("notebooks") / "labs.toml"
 TEACHING = Path("docs") / "teaching.md"
-TABLE_BEGIN = "<!-- BEGIN GENERATED LAB TABLE: tools/make_exercises.py writes this part -->"
+TABLE_BEGIN = "<!-- BEGIN GENERATED LAB TABLE: labkit/course/exercises.py writes this part -->"
 TABLE_END = "<!-- END GENERATED LAB TABLE -->"
 DEFAULT_HINT = "write this part yourself, then run the check cell below"
 NOTE_ID = "exercise-version-note"
 WIDTH = 100  # stub lines stay within this many characters
-META_KEY = "tx_exercise"  # cell metadata: which exercise a code cell holds (tools/grade.py)
+META_KEY = "tx_exercise"  # cell metadata: which exercise a code cell holds (labkit/course/grade.py)
 LAB_KEY = "tx_lab"  # notebook metadata: what the lab grades, and the copy's fingerprint
 ANSWER_TAG = "answer"  # a cell with this tag is teacher-only: dropped from the copies
 WRITE_MARK = "**Write.**"  # a markdown cell starting with this asks a written, graded answer
@@ -572,13 +572,10 @@ def _uses(source: str) -> dict[str, set[str]]:
 
 
 def _check_name(call: ast.Call) -> str | None:
-    """``check_x`` for ``tx.grading.check_x(...)``, ``grading.check_x(...)`` or ``check_x(...)``."""
+    """``check_x`` for ``labkit.check_x(...)`` or ``check_x(...)``."""
     f = call.func
     if isinstance(f, ast.Attribute) and CHECK_CALL.match(f.attr):
-        chain = f.value
-        if isinstance(chain, ast.Attribute) and chain.attr == "grading":
-            return f.attr
-        if isinstance(chain, ast.Name) and chain.id == "grading":
+        if isinstance(f.value, ast.Name) and f.value.id == "labkit":
             return f.attr
     if isinstance(f, ast.Name) and CHECK_CALL.match(f.id):
         return f.id
@@ -1020,7 +1017,7 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
            f"in) is worth {labs['points']['exercise']:g} pt, each graded prediction "
            f"{labs['points']['prediction']:g} pt and each written answer "
            f"{labs['points']['written']:g} pt unless a lab says otherwise; a class with several "
-           f"stubs earns them through the one check that marks it (`tools/grade.py` gives "
+           f"stubs earns them through the one check that marks it (`labkit/course/grade.py` gives "
            f"partial credit by probes passed). The points, the rubric and the estimates live in "
            f"`{LABS_TOML.as_posix()}`; the rest of this table is read from the notebooks. "
            f"`make exercises` rewrites it, and a test fails when it is stale."]
@@ -1180,7 +1177,7 @@ def main(argv=None) -> int:
                 print(line)
             if diffs:
                 print("exercise notebooks or the teaching table are out of date: run "
-                      "`make exercises` (python tools/make_exercises.py); it keeps any copy "
+                      "`make exercises` (python -m labkit.course.exercises); it keeps any copy "
                       f"edited by hand in {WORK_DIR}/{RESCUE_DIR}/")
                 return 1
             print(f"exercise notebooks and the lab table up to date "

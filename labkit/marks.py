@@ -2,7 +2,7 @@
 
 One exercise, one mark::
 
-    m = tx.grading.mark_exercise("padding_mask", padding_mask, points=2)
+    m = labkit.mark_exercise("padding_mask", padding_mask, points=2)
     m.score      # 2.0 when the check passes; else 2 x (probes passed / probes); 0 if delegated
 
 - **Partial credit**: a failed check earns ``points x probes passed / probes``; the report
@@ -15,10 +15,10 @@ One exercise, one mark::
   Using other ``tx`` blocks as parts is fine (a decoder layer may use
   ``tx.MultiHeadAttention``).
 - **The checker's own crash** earns 0 and says the exercise needs marking by hand.
-- **Predictions** (:func:`tx_helpers.grading.check_prediction`) are marked by
+- **Predictions** (:func:`labkit.check_prediction`) are marked by
   :func:`mark_predictions`, each worth ``points_each``.
 
-``tools/grade.py`` and the nbgrader test cells (``tools/nbgrader_course.py``) both call
+``labkit.course.grade`` and the nbgrader test cells (``labkit.course.nbgrader_export``) both call
 :func:`mark_exercise`, so the two routes give the same marks.
 """
 from __future__ import annotations
@@ -200,7 +200,7 @@ def _choose_check(name: str, obj):
 
     found = find_checks({name: obj}, module=None)
     if not found:
-        raise ValueError(f"no check matches the name {name!r}; pass check=tx.grading.check_...")
+        raise ValueError(f"no check matches the name {name!r}; pass check=labkit.check_...")
     return found[0]
 
 

@@ -2,7 +2,7 @@
 
 Call a check from a notebook cell with your own class or function::
 
-    tx.grading.check_multi_head_attention(MultiHeadAttention)
+    labkit.check_multi_head_attention(MultiHeadAttention)
 
 It prints a short report (one line per probe, then a diagnosis and a hint) and
 returns a :class:`CheckResult` with ``.passed``, ``.messages`` and ``.mistakes``

@@ -5,8 +5,9 @@ import itertools
 
 import torch
 
-from ..layers import DecoderLayer, EncoderLayer
-from ..masks import decoder_self_mask
+from tx_helpers.layers import DecoderLayer, EncoderLayer
+from tx_helpers.masks import decoder_self_mask
+
 from .compare import (
     _as_output,
     _close,

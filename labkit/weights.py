@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
-from ..attention import MultiHeadAttention
+from tx_helpers.attention import MultiHeadAttention
+
 from .report import _call, _Failed, _Report
 
 SYNONYMS: dict[str, tuple[str, ...]] = {

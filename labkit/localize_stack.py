@@ -165,7 +165,8 @@ def _residual_form(got, a, s, norm, norm_first, wrap, norms) -> tuple[str, str]:
 def model_probe(report: _Report, module, ref, src, tgt, src_mask, tgt_mask, run) -> bool:
     """Hooks on the learner's embeddings, layers, final norms and generator: each stage is
     compared with the reference's stage applied to the learner's own input to it."""
-    from ..positional import sinusoidal_table
+    from tx_helpers.positional import sinusoidal_table
+
     from .weights import locate
 
     d = ref.config.d_model
