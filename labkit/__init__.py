@@ -24,6 +24,7 @@ placed by parameter path, one mechanism for every check), then one module per bl
 and ``discovery`` (pairing a notebook's names with checks).
 """
 from .attention import check_attention
+from .beam import check_beam_search, run_beam_search
 from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
 from .distributed import check_amp_step, check_token_mean_loss
@@ -59,4 +60,5 @@ __all__ = [
     "Mark", "mark_exercise", "mark_result", "mark_predictions", "find_delegation",
     "check_options",
     "check_phone_error_rate",
+    "check_beam_search", "run_beam_search",
 ]

@@ -6,6 +6,7 @@ import functools
 from torch import nn
 
 from .attention import check_attention
+from .beam import check_beam_search
 from .decoding import check_greedy_decode
 from .feed_forward import check_feed_forward
 from .label_smoothing import check_label_smoothing
@@ -48,7 +49,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
-    ``*quiz*`` (the shape quiz: a function returning the answers) and
+    ``*beam*`` (a beam-search step), ``*quiz*`` (the shape quiz: a function returning the
+    answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
     :func:`check_masks`).
     """
@@ -81,12 +83,14 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
             elif "smooth" in key:
                 found.append((f"check_label_smoothing({name})",
                               _bind(check_label_smoothing, obj)))
+            elif "beam" in key:
+                found.append((f"check_beam_search({name})", _bind(check_beam_search, obj)))
             elif "greedy" in key:
                 found.append((f"check_greedy_decode({name})", _bind(check_greedy_decode, obj)))
             elif "quiz" in key:
                 found.append((f"check_shape_quiz({name})", _bind(check_shape_quiz, obj)))
     if masks:
-        label = ", ".join(f"{k}={v.__name__}" for k, v in masks.items())
+        label = ", ".join(f"{k}={getattr(v, '__name__', k)}" for k, v in masks.items())
 
         def run_masks(verbose=True, masks=masks):
             return check_masks(**masks, verbose=verbose)

@@ -24,105 +24,23 @@ One exercise, one mark::
 from __future__ import annotations
 
 import ast
-import inspect
-import sys
-import textwrap
 import types
 import warnings
 from dataclasses import dataclass, field
 
+from .delegation import (  # noqa: F401 - REFERENCES and find_delegation are public here too
+    MASK_REFERENCES,
+    REFERENCES,
+    _is_tx,
+    find_delegation,
+    reference_names,
+    watch_references,
+)
 from .report import CheckResult, history
 
-# check_masks marks one mask function at a time: only that mask's own reference is
-# delegation (decoder_self_mask may use tx.padding_mask as a part)
-MASK_REFERENCES: dict[str, tuple[str, ...]] = {
-    "padding_fn": ("padding_mask",), "lookahead_fn": ("lookahead_mask",),
-    "decoder_fn": ("decoder_self_mask",), "cross_fn": ("cross_mask", "cross_attention_mask"),
-}
 # probes a wrong answer passes too (a wrong mask built on the right device): they earn
 # partial credit only when every other probe of the check passed
 SECONDARY_PROBES = ("builds the mask on that device", "builds its mask on the device of its")
-
-# the tx_helpers objects that ARE the answer to each check's exercise
-REFERENCES: dict[str, tuple[str, ...]] = {
-    "check_positional_encoding": ("sinusoidal_table", "PositionalEncoding"),
-    "check_attention": ("scaled_dot_product_attention", "attention"),
-    "check_multi_head_attention": ("MultiHeadAttention",),
-    "check_masks": ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask",
-                    "cross_attention_mask"),
-    "check_feed_forward": ("FeedForward",),
-    "check_encoder_layer": ("EncoderLayer",),
-    "check_decoder_layer": ("DecoderLayer",),
-    "check_transformer": ("Transformer",),
-    "check_train_step": ("train_step",),
-    "check_label_smoothing": ("label_smoothing_loss", "LabelSmoothingLoss"),
-    "check_greedy_decode": ("greedy_decode",),
-}
-
-
-def _is_tx(obj) -> bool:
-    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(
-        obj, "__module__", "") or ""
-    return name == "tx_helpers" or name.startswith("tx_helpers.")
-
-
-def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None:
-    """What in ``obj``'s own code hands the exercise to the tx reference, or None.
-
-    Looks at the source (``inspect.getsource``; IPython keeps cell sources) for a name or
-    attribute that resolves to a ``tx_helpers`` object listed in :data:`REFERENCES` for
-    ``check_name`` (for ``check_masks``, only the reference of the mask ``slot`` names,
-    such as ``"decoder_fn"``), and at the class's bases.
-    """
-    refs = set(MASK_REFERENCES.get(slot or "", ()) or REFERENCES.get(check_name, ()))
-    if not refs:
-        return None
-    target = getattr(obj, "func", obj)  # a functools.partial
-    if isinstance(target, type):
-        for base in target.__mro__[1:]:
-            if _is_tx(base) and base.__name__ in refs:
-                return f"{target.__name__} subclasses tx_helpers' {base.__name__}"
-        module = sys.modules.get(target.__module__)
-        scope = vars(module) if module is not None else {}
-    else:
-        scope = getattr(target, "__globals__", {})
-    try:
-        source = textwrap.dedent(inspect.getsource(target))
-        tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError, IndentationError):
-        return None
-    if check_name == "check_label_smoothing":
-        builtin = _builtin_smoothing(tree)
-        if builtin:
-            return builtin
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in refs:
-            root = node.value
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            if isinstance(root, ast.Name) and _is_tx(scope.get(root.id)):
-                return f"it calls {ast.unparse(node)}, the reference this exercise rebuilds"
-        elif isinstance(node, ast.Name) and node.id in refs:
-            value = scope.get(node.id)
-            if value is not None and _is_tx(value) and getattr(value, "__name__", "") in refs:
-                return f"it calls {node.id}, imported from tx_helpers: the reference itself"
-    return None
-
-
-def _builtin_smoothing(tree: ast.AST) -> str | None:
-    """A call that passes ``label_smoothing=`` (``F.cross_entropy``, ``nn.CrossEntropyLoss``):
-    PyTorch's own smoothed loss, the whole of the label-smoothing exercise in one call."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        for kw in node.keywords:
-            if kw.arg != "label_smoothing":
-                continue
-            if isinstance(kw.value, ast.Constant) and not kw.value.value:
-                continue  # label_smoothing=0: plain cross-entropy, a part
-            return (f"it calls {ast.unparse(node.func)}(..., label_smoothing=...), PyTorch's "
-                    "built-in smoothed loss: the exercise asks you to build that loss yourself")
-    return None
 
 
 @dataclass
@@ -166,18 +84,20 @@ def _probes(result: CheckResult) -> tuple[int, int]:
     return (ok + ok2 if bad == 0 else ok), ok + bad + ok2 + bad2
 
 
-def with_references(obj):
+def with_references(obj, own: set[str] = frozenset()):
     """``obj`` with the learner's own versions of other exercises replaced by the references.
 
     A function that calls the learner's ``lookahead_mask`` is run with ``tx.lookahead_mask``
     in its place, so a mistake in ``lookahead_mask`` is charged once, at its own exercise.
-    Returns (the function to check, the names replaced). Classes are returned unchanged.
+    Names in ``own`` (the references of the exercise being marked) are never replaced: the
+    learner's own ``greedy_decode`` called by ``my_greedy`` stays theirs. Returns (the function
+    to check, the names replaced). Classes are returned unchanged.
     """
     import tx_helpers
 
     if not isinstance(obj, types.FunctionType):
         return obj, []
-    refs = {n for names in REFERENCES.values() for n in names}
+    refs = {n for names in REFERENCES.values() for n in names} - set(own)
     scope = obj.__globals__
     swapped = {}
     for name in obj.__code__.co_names:
@@ -239,14 +159,19 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
     """
     if not isinstance(points, (int, float)) or points < 0:
         raise ValueError(f"points must be a number >= 0, got {points!r}")
-    learner_obj = obj
-    obj, swapped = with_references(obj)
     slot = None
     if check is None:
-        label, run = _choose_check(exercise, learner_obj)
+        label, run = _choose_check(exercise, obj)
         check_name = label.split("(")[0]
         if check_name == "check_masks":
             slot = label.split("(", 1)[1].split("=", 1)[0]
+    else:
+        check_name = getattr(check, "__name__", getattr(getattr(check, "func", None),
+                                                        "__name__", ""))
+    own = reference_names(check_name, slot)
+    learner_obj = obj
+    obj, swapped = with_references(obj, own)
+    if check is None:
         runner = run
         if swapped or check_kwargs:  # the exercise's own options, e.g. odd_d_model=True
             from . import discovery
@@ -259,17 +184,15 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
                 def runner(verbose=False):
                     return fn(obj, verbose=verbose, **check_kwargs)
     else:
-        check_name = getattr(check, "__name__", getattr(getattr(check, "func", None),
-                                                        "__name__", ""))
-
         def runner(verbose=False):
             if check_name == "check_masks" and not check_kwargs:
                 return check(obj, verbose=verbose)
             return check(obj, verbose=verbose, **check_kwargs)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), watch_references(own) as watch:
         warnings.simplefilter("ignore")
         result = runner(verbose=False)
-    mark = mark_result(exercise, result, points, find_delegation(learner_obj, check_name, slot))
+    delegated = find_delegation(learner_obj, check_name, slot) or "; ".join(watch.found)
+    mark = mark_result(exercise, result, points, delegated or None)
     if swapped:
         mark.lines.insert(1, "  Checked with " + ", ".join(f"tx.{n}" for n in swapped)
                           + " in place of your own (marked at its own exercise), so a "

@@ -348,3 +348,7 @@ MISTAKES: dict[str, tuple[str, str]] = {
 from .mistakes_loss_decoding import LOSS_AND_DECODING  # noqa: E402 - kept in its own file
 
 MISTAKES.update(LOSS_AND_DECODING)
+
+from .mistakes_beam import BEAM  # noqa: E402 - kept in its own file
+
+MISTAKES.update(BEAM)
