@@ -8,12 +8,13 @@ One exercise, one mark::
 - **Partial credit**: a failed check earns ``points x probes passed / probes``; the report
   shows every probe, so the teacher sees where the fraction comes from. An untouched stub
   (``NotImplementedError``) passes no probe and earns 0.
-- **Delegation**: an exercise whose code calls the ``tx_helpers`` reference for the same
-  block (``return tx.padding_mask(seq, pad_idx)``, ``class MHA(tx.MultiHeadAttention)``) is
-  flagged and earns 0, whatever the check says; so does a label-smoothing exercise that
-  passes ``label_smoothing=`` to PyTorch's ``F.cross_entropy`` or ``nn.CrossEntropyLoss``.
-  Using other ``tx`` blocks as parts is fine (a decoder layer may use
-  ``tx.MultiHeadAttention``).
+- **Delegation**: an exercise that hands its work to the ``tx_helpers`` reference for the
+  same block earns 0, whatever the check says, however the reference is bound (an alias
+  import, an assignment, a module, ``getattr``, a wrapper, a subclass, a borrowed method):
+  :mod:`.delegation` compares the objects and watches the reference's code run while the
+  check runs. So does a label-smoothing exercise that passes ``label_smoothing=`` to
+  PyTorch's cross-entropy. Using other ``tx`` blocks as parts is fine (a decoder layer may
+  use ``tx.MultiHeadAttention``; a decoder mask, ``tx.padding_mask``).
 - **The checker's own crash** earns 0 and says the exercise needs marking by hand.
 - **Predictions** (:func:`labkit.check_prediction`) are marked by
   :func:`mark_predictions`, each worth ``points_each``.

@@ -56,8 +56,13 @@ def test_using_another_tx_block_as_a_part_is_credited():
     assert mark.delegated is None and mark.score == 1.0, mark.lines
 
 
+def own_lookahead(size, device=None):
+    rows = torch.arange(size, device=device)
+    return rows[None, :] > rows[:, None]  # (L, L): key j after query i
+
+
 def test_partial_credit_is_the_share_of_probes_passed():
-    full = g.mark_exercise("lookahead_mask", tx.lookahead_mask, points=3, verbose=False)
+    full = g.mark_exercise("lookahead_mask", own_lookahead, points=3, verbose=False)
     assert full.score == 3 and full.passed
     wrong = g.mark_exercise("lookahead_mask", lookahead_diag0, points=3, verbose=False)
     ok, total = wrong.probes
@@ -84,7 +89,7 @@ def test_predictions_are_points():
 
 def test_bad_points_argument():
     with pytest.raises(ValueError, match="points must be a number >= 0, got -1"):
-        g.mark_exercise("lookahead_mask", tx.lookahead_mask, points=-1)
+        g.mark_exercise("lookahead_mask", own_lookahead, points=-1)
 
 
 def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):

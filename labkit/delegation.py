@@ -1,0 +1,260 @@
+"""Delegation: an exercise whose code hands its work to the ``tx_helpers`` reference.
+
+Three tests, from the cheapest to the one no binding escapes:
+
+- **identity** (:func:`identity_delegation`): the object marked *is* the reference, or wraps it
+  without code of its own (``lookahead_mask = M.lookahead_mask``, ``functools.partial``,
+  ``functools.wraps``, a copy of the reference's code object, ``MHA = tx.MultiHeadAttention``);
+- **the source** (:func:`find_delegation`): a name or attribute in the learner's code that
+  resolves to the reference, a ``tx`` base class, PyTorch's ``label_smoothing=``;
+- **the run** (:class:`watch_references`): while the check runs, every call of the reference's
+  code objects (functions, and the methods of reference classes other than ``__init__``) is
+  looked at. It is delegation when the nearest caller outside torch, ``tx_helpers`` and the
+  standard library is not the lab kit (the learner's code called it, however it was bound:
+  aliases, modules, ``getattr``, ``importlib``, wrappers, lambdas, composition), or when a
+  reference method runs on an instance of a class that is not ``tx_helpers``' own (a subclass,
+  a borrowed ``forward``). The lab kit's own calls (the expected values) never count.
+
+Parts are allowed: only the references of the exercise being marked are watched (see
+:data:`REFERENCES`; for ``check_masks``, only the mask being marked, :data:`MASK_REFERENCES`),
+so a decoder mask may call ``tx.padding_mask`` and a decoder layer may hold
+``tx.MultiHeadAttention``.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+import textwrap
+import types
+
+import torch
+
+import tx_helpers
+
+# the tx_helpers objects that ARE the answer to each check's exercise (names are looked up in
+# every tx_helpers module; a check added for a new lab adds its line here)
+REFERENCES: dict[str, tuple[str, ...]] = {
+    "check_positional_encoding": ("sinusoidal_table", "PositionalEncoding"),
+    "check_attention": ("scaled_dot_product_attention",),
+    "check_multi_head_attention": ("MultiHeadAttention",),
+    "check_masks": ("padding_mask", "lookahead_mask", "decoder_self_mask", "cross_mask",
+                    "cross_attention_mask"),
+    "check_feed_forward": ("FeedForward",),
+    "check_encoder_layer": ("EncoderLayer",),
+    "check_decoder_layer": ("DecoderLayer",),
+    "check_transformer": ("Transformer",),
+    "check_train_step": ("train_step",),
+    "check_amp_step": ("train_step",),
+    "check_label_smoothing": ("label_smoothing_loss", "LabelSmoothingLoss"),
+    "check_greedy_decode": ("greedy_decode",),
+    "check_beam_search": ("beam_search",),
+    "check_phone_error_rate": ("phone_error_rate",),
+}
+# check_masks marks one mask function at a time: only that mask's own reference is
+# delegation (decoder_self_mask may use tx.padding_mask as a part)
+MASK_REFERENCES: dict[str, tuple[str, ...]] = {
+    "padding_fn": ("padding_mask",), "lookahead_fn": ("lookahead_mask",),
+    "decoder_fn": ("decoder_self_mask",), "cross_fn": ("cross_mask", "cross_attention_mask"),
+}
+
+_TX_DIR = os.path.dirname(os.path.abspath(tx_helpers.__file__)) + os.sep
+_KIT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PASS_THROUGH = (_TX_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+                 os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
+
+
+def reference_names(check_name: str, slot: str | None = None) -> set[str]:
+    """The reference names of ``check_name``'s exercise (of one mask ``slot`` for masks)."""
+    return set(MASK_REFERENCES.get(slot or "", ()) or REFERENCES.get(check_name, ()))
+
+
+def _is_tx(obj) -> bool:
+    name = getattr(obj, "__name__", "") if isinstance(obj, types.ModuleType) else getattr(
+        obj, "__module__", "") or ""
+    return name == "tx_helpers" or name.startswith("tx_helpers.")
+
+
+def reference_objects(names: set[str]) -> dict[object, str]:
+    """Every tx_helpers function or class with one of ``names`` -> its name."""
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "tx_helpers"
+                                  or module_name.startswith("tx_helpers.")):
+            continue
+        for name in names:
+            obj = vars(module).get(name)
+            if (isinstance(obj, (types.FunctionType, type)) and _is_tx(obj)
+                    and not isinstance(obj, types.ModuleType)):
+                found[obj] = name
+    return found
+
+
+def _codes(obj) -> list[types.CodeType]:
+    """The code objects that run the reference ``obj`` (a class: its methods but __init__)."""
+    if isinstance(obj, type):
+        members = [v for k, v in vars(obj).items() if k != "__init__"]
+        members = [getattr(v, "__func__", v) for v in members]  # static/class methods
+        return [c for v in members if isinstance(v, types.FunctionType) for c in _codes(v)]
+    codes = []
+    while obj is not None:
+        if isinstance(getattr(obj, "__code__", None), types.CodeType):
+            codes.append(obj.__code__)
+        obj = getattr(obj, "__wrapped__", None)
+    return codes
+
+
+def _unwrap(obj):
+    """What ``obj`` hands its calls to without code of its own (partial, wraps, methods)."""
+    seen = []
+    while obj is not None and all(obj is not s for s in seen):
+        seen.append(obj)
+        obj = (getattr(obj, "func", None) if isinstance(obj, functools.partial) else
+               getattr(obj, "__wrapped__", None) or getattr(obj, "__func__", None))
+    return seen
+
+
+def identity_delegation(obj, names: set[str]) -> str | None:
+    """``obj`` is a reference itself, wraps one, or runs a reference's code object."""
+    refs = reference_objects(names)
+    codes = {c: name for ref, name in refs.items() for c in _codes(ref)}
+    for inner in _unwrap(obj):
+        if any(inner is ref for ref in refs):
+            return f"it is tx_helpers' {refs[inner]} itself, bound to another name"
+        code = getattr(inner, "__code__", None)
+        if code in codes:
+            return f"it runs the code of tx_helpers' {codes[code]}"
+    return None
+
+
+class watch_references:
+    """Context manager: record calls of the references' code made by the learner's code.
+
+    ``found`` holds one sentence per route seen (empty when nothing delegated). A profile
+    hook sees every Python call, whatever name the caller reached the reference by.
+    """
+
+    def __init__(self, names: set[str]):
+        self.found: list[str] = []
+        self._codes = {c: name for ref, name in reference_objects(names).items()
+                       for c in _codes(ref)}
+        self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
+        self._ce = torch.nn.functional.cross_entropy.__code__
+        self._previous = None
+
+    def __enter__(self):
+        self._previous = sys.getprofile()
+        if self._codes or self._smoothing:
+            sys.setprofile(self._hook)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._previous)
+        return False
+
+    def _hook(self, frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code is self._ce and self._smoothing:
+            if frame.f_locals.get("label_smoothing") and self._learner_caller(frame):
+                self._add("it calls PyTorch's cross-entropy with label_smoothing=..., the "
+                          "built-in smoothed loss: the exercise asks you to build that loss "
+                          "yourself")
+            return
+        name = self._codes.get(code)
+        if name is None:
+            return
+        caller = self._learner_caller(frame)
+        if caller is not None:
+            self._add(f"{caller} calls tx_helpers' {name}, the reference this exercise "
+                      "rebuilds")
+            return
+        if code.co_argcount and code.co_varnames[0] == "self":
+            owner = type(frame.f_locals.get("self"))
+            if not _is_tx(owner):
+                self._add(f"{owner.__name__} runs tx_helpers' {name}.{code.co_name} (it "
+                          f"subclasses or borrows from {name})")
+
+    @staticmethod
+    def _learner_caller(frame) -> str | None:
+        """The learner's function nearest to ``frame`` on the stack, or None if the lab
+        kit called it (torch, tx_helpers and the standard library are passed through)."""
+        caller = frame.f_back
+        while caller is not None:
+            path = os.path.abspath(caller.f_code.co_filename)
+            if path.startswith(_KIT_DIR):
+                return None
+            if not path.startswith(_PASS_THROUGH):
+                return f"your {caller.f_code.co_name}"
+            caller = caller.f_back
+        return None
+
+    def _add(self, text: str) -> None:
+        if text not in self.found:
+            self.found.append(text)
+
+
+def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None:
+    """What in ``obj``'s own code hands the exercise to the tx reference, or None.
+
+    Static: identity (:func:`identity_delegation`), then the source (``inspect.getsource``;
+    IPython keeps cell sources) for a name or attribute that resolves to a ``tx_helpers``
+    object listed in :data:`REFERENCES` for ``check_name`` (for ``check_masks``, only the
+    reference of the mask ``slot`` names, such as ``"decoder_fn"``), and the class's bases.
+    :class:`watch_references` catches the rest while the check runs.
+    """
+    refs = reference_names(check_name, slot)
+    if not refs:
+        return None
+    found = identity_delegation(obj, refs)
+    if found:
+        return found
+    target = getattr(obj, "func", obj)  # a functools.partial
+    if isinstance(target, type):
+        for base in target.__mro__[1:]:
+            if _is_tx(base) and base.__name__ in refs:
+                return f"{target.__name__} subclasses tx_helpers' {base.__name__}"
+        module = sys.modules.get(target.__module__)
+        scope = vars(module) if module is not None else {}
+    else:
+        scope = getattr(target, "__globals__", {})
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    if check_name == "check_label_smoothing":
+        builtin = _builtin_smoothing(tree)
+        if builtin:
+            return builtin
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in refs:
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and _is_tx(scope.get(root.id)):
+                return f"it calls {ast.unparse(node)}, the reference this exercise rebuilds"
+        elif isinstance(node, ast.Name) and node.id in refs:
+            value = scope.get(node.id)
+            if value is not None and _is_tx(value) and getattr(value, "__name__", "") in refs:
+                return f"it calls {node.id}, imported from tx_helpers: the reference itself"
+    return None
+
+
+def _builtin_smoothing(tree: ast.AST) -> str | None:
+    """A call that passes ``label_smoothing=`` (``F.cross_entropy``, ``nn.CrossEntropyLoss``):
+    PyTorch's own smoothed loss, the whole of the label-smoothing exercise in one call."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg != "label_smoothing":
+                continue
+            if isinstance(kw.value, ast.Constant) and not kw.value.value:
+                continue  # label_smoothing=0: plain cross-entropy, a part
+            return (f"it calls {ast.unparse(node.func)}(..., label_smoothing=...), PyTorch's "
+                    "built-in smoothed loss: the exercise asks you to build that loss yourself")
+    return None

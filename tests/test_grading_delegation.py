@@ -1,0 +1,234 @@
+"""Marks that cannot be gamed (issue 29, item 5): delegation is caught however it is bound.
+
+Each gamed submission is a notebook cell run with ``exec`` (no source file, as in a kernel that
+lost its history, so only identity and the run can catch it) and marked as the grade script and
+nbgrader's test cells mark it. Each earns 0 although its check passes. Correct code that uses
+allowed parts (``tx.padding_mask`` inside a decoder mask, ``tx.MultiHeadAttention`` inside a
+layer, ``model.decode`` inside a decoder) earns full marks.
+"""
+import pytest
+
+import labkit as g
+from labkit.course.nbgrader_export import TEST_CELL
+
+GREEDY_ARGS = "model, src, *, bos_idx, eos_idx, max_len"
+GREEDY_CALL = "model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len"
+
+# route -> (exercise name, the learner's cell)
+GAMED = {
+    "alias import": ("greedy_decode", f"""
+from tx_helpers.decoding import greedy_decode as _g
+def greedy_decode({GREEDY_ARGS}):
+    return _g({GREEDY_CALL})
+"""),
+    "assignment from a module alias": ("lookahead_mask", """
+import tx_helpers.masks as M
+lookahead_mask = M.lookahead_mask
+"""),
+    "module alias": ("padding_mask", """
+import tx_helpers.masks as M
+def padding_mask(seq, pad_idx):
+    return M.padding_mask(seq, pad_idx)
+"""),
+    "getattr": ("padding_mask", """
+import tx_helpers
+def padding_mask(seq, pad_idx):
+    return getattr(tx_helpers, "padding" + "_mask")(seq, pad_idx)
+"""),
+    "importlib": ("greedy_decode", f"""
+import importlib
+def greedy_decode({GREEDY_ARGS}):
+    return importlib.import_module("tx_helpers.decoding").greedy_decode({GREEDY_CALL})
+"""),
+    "functools.partial": ("lookahead_mask", """
+import functools
+import tx_helpers
+lookahead_mask = functools.partial(tx_helpers.lookahead_mask)
+"""),
+    "lambda wrapper": ("lookahead_mask", """
+import tx_helpers as T
+lookahead_mask = lambda size, device=None: T.lookahead_mask(size, device)
+"""),
+    "subclass": ("MultiHeadAttention", """
+import tx_helpers as T
+class MultiHeadAttention(T.MultiHeadAttention):
+    pass
+"""),
+    "borrowed forward": ("FeedForward", """
+from torch import nn
+import tx_helpers as T
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+    forward = T.FeedForward.forward
+"""),
+    "composition": ("MultiHeadAttention", """
+from torch import nn
+import tx_helpers as T
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.inner = T.MultiHeadAttention(d_model, n_heads, dropout)
+        self.w_q, self.w_k = self.inner.w_q, self.inner.w_k
+        self.w_v, self.w_o = self.inner.w_v, self.inner.w_o
+    def forward(self, query, key, value, mask=None):
+        return self.inner(query, key, value, mask)
+"""),
+    "sys.modules": ("train_step", """
+import sys
+def train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
+    return sys.modules["tx_helpers"].train_step(model, batch, optimizer, criterion,
+                                                 scheduler, clip_norm)
+"""),
+    "a copy of the code object": ("padding_mask", """
+import types
+import tx_helpers
+padding_mask = types.FunctionType(tx_helpers.padding_mask.__code__,
+                                  vars(tx_helpers.masks), "padding_mask")
+"""),
+    "eval": ("decoder_self_mask", """
+def decoder_self_mask(tgt, pad_idx):
+    return eval("__import__('tx_helpers').decoder_self_mask")(tgt, pad_idx)
+"""),
+    "own name bound to the reference": ("my_greedy", f"""
+import tx_helpers as T
+greedy_decode = T.greedy_decode
+def my_greedy({GREEDY_ARGS}):
+    return greedy_decode({GREEDY_CALL})
+"""),
+    "callable instance": ("greedy_decode", f"""
+from tx_helpers import decoding as D
+class _Decoder:
+    def __call__(self, {GREEDY_ARGS}):
+        return D.greedy_decode({GREEDY_CALL})
+greedy_decode = _Decoder()
+"""),
+    "PyTorch's smoothing through getattr": ("smoothed_loss", """
+import torch
+def smoothed_loss(logits, target, eps, pad_idx):
+    loss = getattr(torch.nn.functional, "cross_" + "entropy")
+    return loss(logits, target, **{"label_smoothing": eps, "ignore_index": pad_idx})
+"""),
+}
+
+CORRECT = {
+    "decoder mask on tx.padding_mask": ("decoder_self_mask", """
+import torch
+import tx_helpers as tx
+def decoder_self_mask(tgt, pad_idx):
+    size = tgt.size(1)
+    future = torch.ones(size, size, dtype=torch.bool, device=tgt.device).triu(1)  # (L, L)
+    return tx.padding_mask(tgt, pad_idx) | future  # (N, L, L)
+"""),
+    "greedy decoder on model.decode and tx.padding_mask": ("greedy_decode", f"""
+import torch
+import tx_helpers as tx
+def greedy_decode({GREEDY_ARGS}):
+    was_training = model.training
+    model.eval()
+    pad = model.config.pad_idx
+    src_mask = tx.padding_mask(src, pad)  # (N, 1, L_src)
+    memory = model.encode(src, src_mask)  # (N, L_src, d_model)
+    ys = torch.full((src.size(0), 1), bos_idx, dtype=torch.long)  # (N, 1)
+    done = torch.zeros(src.size(0), dtype=torch.bool)
+    with torch.no_grad():
+        for _ in range(max_len):
+            logits = model.generator(model.decode(ys, memory, src_mask)[:, -1])  # (N, V)
+            logits[:, [pad, bos_idx]] = float("-inf")
+            nxt = logits.argmax(-1).masked_fill(done, pad)  # (N,)
+            ys = torch.cat([ys, nxt[:, None]], 1)
+            done = done | (nxt == eos_idx)
+            if done.all():
+                break
+    model.train(was_training)
+    return ys
+"""),
+    "layer holding tx.MultiHeadAttention": ("EncoderLayer", """
+from torch import nn
+import tx_helpers as tx
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = tx.MultiHeadAttention(d_model, n_heads, dropout)
+        self.feed_forward = tx.FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.dropout1, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, mask)))
+        return self.norm2(x + self.dropout2(self.feed_forward(x)))
+"""),
+    "own helper named like the reference": ("positional_table", """
+import math
+import torch
+def sinusoidal_table(max_len, d_model):
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
+    freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
+def positional_table(max_len, d_model):
+    return sinusoidal_table(max_len, d_model)
+"""),
+    "smoothing built on plain cross-entropy": ("smoothed_loss", """
+import torch
+import torch.nn.functional as F
+def smoothed_loss(logits, target, eps, pad_idx):
+    logp = torch.log_softmax(logits, dim=-1)  # (M, V)
+    nll = F.cross_entropy(logits, target, reduction="none", label_smoothing=0.0)  # (M,)
+    keep = target != pad_idx
+    return ((1 - eps) * nll - eps * logp.mean(-1))[keep].mean()
+"""),
+}
+
+
+def _cell(source: str, route: str) -> dict:
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, f"<cell: {route}>", "exec"), namespace)  # noqa: S102 - the learner's cell
+    return namespace
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("route", list(GAMED))
+def test_gamed_submission_earns_nothing(route):
+    name, source = GAMED[route]
+    namespace = _cell(source, route)
+    mark = g.mark_exercise(name, namespace[name], points=2, verbose=False)
+    assert mark.result.passed, mark.result.report  # the check alone would give full marks
+    assert mark.score == 0 and not mark.passed and mark.delegated, (route, mark.lines)
+    assert any("Not credited" in line for line in mark.lines)
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("route", list(CORRECT))
+def test_correct_code_with_allowed_parts_earns_full_marks(route):
+    name, source = CORRECT[route]
+    namespace = _cell(source, route)
+    mark = g.mark_exercise(name, namespace[name], points=2, verbose=False)
+    assert mark.delegated is None and mark.score == 2, mark.lines
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_nbgrader_test_cell_catches_an_aliased_import():
+    """nbgrader's route: the export's own test cell, run after the learner's cell."""
+    namespace = _cell("import tx_helpers as T\n"
+                      "def padding_mask(seq, pad_idx):\n    return T.padding_mask(seq, pad_idx)\n",
+                      "nbgrader")
+    test = TEST_CELL.format(points=2, s="s", items="padding_mask", name="padding_mask",
+                            options="")
+    exec(compile(test, "<nbgrader test cell>", "exec"), namespace)  # noqa: S102
+    mark = namespace["_mark"]
+    assert mark.score == 0 and "tx_helpers' padding_mask" in mark.delegated
+
+
+def test_the_watch_leaves_no_profiler_behind():
+    import sys
+
+    from labkit.delegation import watch_references
+
+    before = sys.getprofile()
+    with watch_references({"padding_mask"}) as watch:
+        assert sys.getprofile() is not before
+    assert sys.getprofile() is before and watch.found == []
