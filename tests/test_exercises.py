@@ -17,6 +17,7 @@ import labkit
 import tx_helpers as tx
 
 ROOT = Path(__file__).resolve().parent.parent
+from labkit.course import exercise_copy, layout, markup, regions  # noqa: E402
 from labkit.course import exercises as mx  # noqa: E402
 
 
@@ -28,10 +29,10 @@ def base_namespace() -> dict:
 
 def fill_back(stub: str, solved: str) -> str:
     """Put each region's solution code back in place of its stub line."""
-    for region in reversed(mx.find_regions(solved)):
+    for region in reversed(regions.find_regions(solved)):
         head, sep, tail = stub.rpartition(region.stub())
         assert sep, region.stub()
-        stub = head + mx.solution_code(solved, region) + tail
+        stub = head + regions.solution_code(solved, region) + tail
     return stub
 
 
@@ -52,8 +53,8 @@ def test_exercise_notebooks_are_up_to_date():
                           "notebooks/exercises/ and docs/teaching.md")
     if edits:  # a learner's local edits: not the repository's fault, and never lost
         pytest.skip("\n".join(edits) + f"\nthese generated copies were edited here; "
-                    f"`make exercises` keeps them in {mx.WORK_DIR}/{mx.RESCUE_DIR}/ and "
-                    f"regenerates them (work in {mx.WORK_DIR}/)")
+                    f"`make exercises` keeps them in {layout.WORK_DIR}/{layout.RESCUE_DIR}/ and "
+                    f"regenerates them (work in {layout.WORK_DIR}/)")
 
 
 # ----------------------------------------------------------------------------------------
@@ -101,7 +102,7 @@ def synthetic_notebook():
 
 
 def test_regions_are_replaced_at_their_indentation():
-    ex = mx.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
+    ex = exercise_copy.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
     assert ex.cells[0].cell_type == "markdown" and "Exercise version" in ex.cells[0].source
     assert ex.cells[1].source.startswith("# 09 Synthetic")
     # the solved notebook's full language_info: JupyterLab then opens the copy unmodified
@@ -110,7 +111,7 @@ def test_regions_are_replaced_at_their_indentation():
     assert len(ex.cells) == 4  # note + title + stubbed cell + print cell; hidden-only dropped
     stub = ex.cells[2].source
     assert '        raise NotImplementedError("multiply by two")' in stub.split("\n")
-    assert f'        raise NotImplementedError("{mx.DEFAULT_HINT}")' in stub.split("\n")
+    assert f'        raise NotImplementedError("{markup.DEFAULT_HINT}")' in stub.split("\n")
     assert "y = x * 2" not in stub and "return 1" not in stub and "HIDDEN" not in stub
     assert '"""Double x."""' in stub and "    return 0" in stub
     for cell in ex.cells:
@@ -147,45 +148,45 @@ def test_generator_cli_writes_checks_and_leaves_solved_alone(tmp_path, capsys):
     assert mx.main(root + ["--check"]) == 1  # edited by hand
     assert "edited by hand: notebooks/exercises/09_synthetic.ipynb" in capsys.readouterr().out
     mx.main(root)
-    rescued = list((tmp_path / mx.WORK_DIR / mx.RESCUE_DIR).glob("09_synthetic-*.ipynb"))
+    rescued = list((tmp_path / layout.WORK_DIR / layout.RESCUE_DIR).glob("09_synthetic-*.ipynb"))
     assert len(rescued) == 1 and "edited" in rescued[0].read_text()  # kept, not lost
     assert out.read_bytes() == first
     stale = json.loads(out.read_text())
     stale["cells"][1]["source"] = "# an older generator's copy"
-    stale["metadata"][mx.LAB_KEY]["fingerprint"] = mx.fingerprint(
+    stale["metadata"][markup.LAB_KEY]["fingerprint"] = exercise_copy.fingerprint(
         nbformat.from_dict(stale))  # generated, so not someone's work
     out.write_text(json.dumps(stale))
     assert mx.main(root + ["--check"]) == 1
     assert "stale: notebooks/exercises/09_synthetic.ipynb" in capsys.readouterr().out
     mx.main(root)
-    assert len(list((tmp_path / mx.WORK_DIR / mx.RESCUE_DIR).glob("*.ipynb"))) == 1
+    assert len(list((tmp_path / layout.WORK_DIR / layout.RESCUE_DIR).glob("*.ipynb"))) == 1
     gone = nbdir / "exercises" / "07_gone.ipynb"
     gone.write_text("{}")
     assert mx.main(root + ["--check"]) == 1  # extra
     mx.main(root)
     assert not gone.exists()
-    assert len(list((tmp_path / mx.WORK_DIR / mx.RESCUE_DIR).glob("07_gone-*.ipynb"))) == 1
+    assert len(list((tmp_path / layout.WORK_DIR / layout.RESCUE_DIR).glob("07_gone-*.ipynb"))) == 1
 
 
 def test_long_hints_wrap_and_the_note_lists_the_exercises():
     hint = "word " * 60
-    region = mx.Region(0, 2, "        ", hint.strip())
+    region = regions.Region(0, 2, "        ", hint.strip())
     stub = region.stub()
-    assert all(len(line) <= mx.WIDTH for line in stub.split("\n")), stub
+    assert all(len(line) <= markup.WIDTH for line in stub.split("\n")), stub
     with pytest.raises(NotImplementedError) as info:
         exec(compile(textwrap.dedent(stub), "<stub>", "exec"))  # noqa: S102
     assert str(info.value) == hint.strip()
-    ex = mx.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
+    ex = exercise_copy.make_exercise(synthetic_notebook(), "09_synthetic.ipynb")
     note = ex.cells[0].source
     assert "2 exercises to write" in note
     assert "1. `Box.forward`" in note and "2. `helper`" in note
-    assert ex.cells[2].metadata[mx.META_KEY][0]["name"] == "Box.forward"
-    for path in sorted((ROOT / "notebooks" / mx.EXERCISE_DIR).glob(mx.SOLVED_GLOB)):
+    assert ex.cells[2].metadata[markup.META_KEY][0]["name"] == "Box.forward"
+    for path in sorted((ROOT / "notebooks" / layout.EXERCISE_DIR).glob(layout.SOLVED_GLOB)):
         for cell in nbformat.read(path, as_version=4).cells:
             if cell.cell_type != "code":
                 continue
             too_long = [line for line in cell.source.split("\n")
-                        if "NotImplementedError" in line and len(line) > mx.WIDTH]
+                        if "NotImplementedError" in line and len(line) > markup.WIDTH]
             assert not too_long, (path.name, too_long)
 
 
@@ -215,7 +216,7 @@ def _attention_solved_cell() -> str:
 
 def test_synthetic_exercise_from_a_real_function():
     solved = _attention_solved_cell()
-    stub = mx.stub_source(solved)
+    stub = regions.stub_source(solved)
     ns = base_namespace()
     stubbed = new_objects(stub, ns)["scaled_dot_product_attention"]
     q = torch.randn(1, 2, 3, 4)
@@ -263,10 +264,10 @@ def _exec_quietly(source: str, ns: dict) -> None:
 def real_region_cells():
     """(notebook, cell index) for every solved notebook cell with a solution region."""
     found = []
-    for path in sorted((ROOT / "notebooks").glob(mx.SOLVED_GLOB)):
+    for path in sorted((ROOT / "notebooks").glob(layout.SOLVED_GLOB)):
         nb = nbformat.read(path, as_version=4)
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type == "code" and mx.find_regions(cell.source):
+            if cell.cell_type == "code" and regions.find_regions(cell.source):
                 found.append(pytest.param(path, i, id=f"{path.stem}-cell{i}"))
     return found or [pytest.param(None, None, marks=pytest.mark.skip(
         reason="no solved notebook has a ### BEGIN SOLUTION region yet"))]
@@ -278,11 +279,11 @@ def test_real_exercise_stub_fails_and_solution_passes(path, index):
     solved = nb.cells[index].source
     ns = base_namespace()
     _exec_quietly(_definitions(nb.cells[:index]), ns)
-    stub = mx.stub_source(mx.strip_hidden_tests(solved))
+    stub = regions.stub_source(regions.strip_hidden_tests(solved))
     try:
         stub_objs = new_objects(stub, ns)
     except NotImplementedError as exc:  # a region at the top level of the cell
-        hints = [r.hint for r in mx.find_regions(solved) if r.hint]
+        hints = [r.hint for r in regions.find_regions(solved) if r.hint]
         assert not hints or str(exc) in hints
         pytest.skip("the region is top-level code: the cell itself raises the stub")
     except Exception as exc:  # noqa: BLE001
@@ -290,12 +291,12 @@ def test_real_exercise_stub_fails_and_solution_passes(path, index):
     checks = labkit.find_checks(stub_objs)
     if not checks:
         pytest.skip(f"no grading check matches the names defined here: {sorted(stub_objs)}")
-    hints = [r.hint or mx.DEFAULT_HINT for r in mx.find_regions(solved)]
+    hints = [r.hint or markup.DEFAULT_HINT for r in regions.find_regions(solved)]
     for label, run in checks:
         result = run(verbose=False)
         assert not result.passed and "not_implemented" in result.mistakes, (label, result.report)
         assert any(h in "\n".join(result.messages) for h in hints), (label, result.report)
-    filled = fill_back(stub, mx.strip_hidden_tests(solved))
+    filled = fill_back(stub, regions.strip_hidden_tests(solved))
     for label, run in labkit.find_checks(new_objects(filled, ns)):
         result = run(verbose=False)
         assert result.passed, (label, result.report)
@@ -350,12 +351,12 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
 
     name = "04_feed_forward_and_sublayers.ipynb"
     solved = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    exercise = nbformat.read(ROOT / "notebooks" / mx.EXERCISE_DIR / name, as_version=4)
+    exercise = nbformat.read(ROOT / "notebooks" / layout.EXERCISE_DIR / name, as_version=4)
     solutions = {c.id: c.source for c in solved.cells}
     correct = nbformat.from_dict(json.loads(json.dumps(exercise)))
     for cell in correct.cells:
-        if cell.get("metadata", {}).get(mx.META_KEY):
-            cell.source = fill_back(cell.source, mx.strip_hidden_tests(solutions[cell.id]))
+        if cell.get("metadata", {}).get(markup.META_KEY):
+            cell.source = fill_back(cell.source, regions.strip_hidden_tests(solutions[cell.id]))
     wrong = nbformat.from_dict(json.loads(json.dumps(correct)))
     for cell in wrong.cells:  # the encoder layer forgets the attention sublayer's residual
         cell.source = cell.source.replace("self.norm1(x + self.dropout1(", "self.norm1((")

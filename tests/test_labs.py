@@ -16,11 +16,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 import labkit  # noqa: E402
+from labkit.course import (  # noqa: E402
+    contract,
+    exercise_copy,
+    labinfo,
+    layout,
+    markup,
+    regions,
+    scoring,
+    teaching_table,
+)
 from labkit.course import exercises as mx  # noqa: E402
 from labkit.course import handout as make_handout  # noqa: E402
 from labkit.course import keys as make_keys  # noqa: E402
 
-SOLVED = mx.solved_notebooks(ROOT)
+SOLVED = layout.solved_notebooks(ROOT)
 NUMBERS = [f"{n:02d}" for n in range(14)]
 
 
@@ -35,8 +45,8 @@ def _regions():
         nb = _read(path)
         for index, cell in enumerate(nb.cells):
             if cell.cell_type == "code":
-                for region in mx.find_regions(cell.source):
-                    owner = mx.region_owner(cell.source, region)
+                for region in regions.find_regions(cell.source):
+                    owner = regions.region_owner(cell.source, region)
                     found.append(pytest.param(path, index, region,
                                               id=f"{path.stem[:2]}-{owner}"))
     return found
@@ -61,22 +71,22 @@ def test_key_operations_are_read_from_the_code():
     pe[:, 0::2] = weights.T * 10000
     return weights @ v, weights
     ### END SOLUTION'''
-    region = mx.find_regions(cell)[0]
-    ops = mx.key_operations(cell, region)
+    region = regions.find_regions(cell)[0]
+    ops = contract.key_operations(cell, region)
     assert {"transpose", "sqrt", "masked_fill", "finfo", "softmax", "@", ".T", "0::2",
             "10000"} <= set(ops), ops
     assert "dropout" not in ops  # a parameter: the contract's own word
     init = ("def __init__(self, d_model, dropout=0.1):\n    ### BEGIN SOLUTION\n"
             "    self.dropout = nn.Dropout(dropout)\n    self.w_o = nn.Linear(d_model, d_model)\n"
             "    ### END SOLUTION")
-    assert set(mx.key_operations(init, mx.find_regions(init)[0])) == {"Linear"}
+    assert set(contract.key_operations(init, regions.find_regions(init)[0])) == {"Linear"}
     assert "size" not in ops  # a size accessor, not an operation
-    leaks = mx.leaked_operations("scores = q @ k.transpose(-2, -1); Softmax over keys", ops)
+    leaks = contract.leaked_operations("scores = q @ k.transpose(-2, -1); Softmax over keys", ops)
     assert set(leaks) == {"@", "transpose", "softmax"}
-    contract = ("q (..., L_q, d_k), k (..., L_k, d_k), v (..., L_k, d_v), mask bool "
+    message = ("q (..., L_q, d_k), k (..., L_k, d_k), v (..., L_k, d_v), mask bool "
                 "broadcastable to (..., L_q, L_k), True = masked -> (output (..., L_q, d_v), "
                 "weights (..., L_q, L_k)); the weights of each query sum to 1")
-    assert mx.leaked_operations(contract, ops) == []
+    assert contract.leaked_operations(message, ops) == []
 
 
 def test_the_function_name_and_locals_are_contract_words():
@@ -88,20 +98,20 @@ def test_the_function_name_and_locals_are_contract_words():
     loss.backward()
     optimizer.step()
     ### END SOLUTION'''
-    ops = mx.key_operations(cell, mx.find_regions(cell)[0])
+    ops = contract.key_operations(cell, regions.find_regions(cell)[0])
     assert set(ops) == {"backward"}, ops  # step: a word of the name; criterion, layer: names
-    assert mx.leaked_operations("one training step: returns the loss", ops) == []
-    assert mx.leaked_operations("zero the grads, Backward, then step", ops) == ["backward"]
+    assert contract.leaked_operations("one training step: returns the loss", ops) == []
+    assert contract.leaked_operations("zero the grads, Backward, then step", ops) == ["backward"]
 
 
 @pytest.mark.parametrize("path, index, region", _regions())
 def test_stub_message_does_not_name_the_solution_operations(path, index, region):
     """Fails on a message that gives the solution away (issue 22, item 1)."""
     source = _read(path).cells[index].source
-    ops = mx.key_operations(source, region)
-    leaks = mx.leaked_operations(region.hint or "", ops)
+    ops = contract.key_operations(source, region)
+    leaks = contract.leaked_operations(region.hint or "", ops)
     assert not leaks, (
-        f"{path.name}, {mx.region_owner(source, region)}: the stub message names the "
+        f"{path.name}, {regions.region_owner(source, region)}: the stub message names the "
         f"solution's operations {leaks}. State the contract (inputs, outputs, shapes) and put "
         f"the operations in the folded hints below the exercise.\nmessage: {region.hint!r}")
 
@@ -114,7 +124,7 @@ def test_stub_message_does_not_name_the_solution_operations(path, index, region)
 def copies() -> dict:
     """Exercise path -> text, generated now from the solved notebooks (what make exercises
     writes; tests/test_exercises.py checks that the committed copies are these)."""
-    return mx.expected_exercises(ROOT)
+    return exercise_copy.expected_exercises(ROOT)
 
 
 def _statements(tree) -> list[str]:
@@ -123,7 +133,7 @@ def _statements(tree) -> list[str]:
 
 
 def _region_statements(source: str, region) -> list[str]:
-    tree, _ = mx._region_tree(source, region)
+    tree, _ = contract._region_tree(source, region)
     return [ast.unparse(n) for n in tree.body] if tree else []
 
 
@@ -133,20 +143,20 @@ def solution_leaks(solved, exercise) -> list[str]:
     A "find the bug" lab shows the buggy code, all of the solution but the fixed line: allowed."""
     cells = []
     for cell in exercise.cells:
-        if cell.cell_type == "code" and (tree := mx.parse_cell(cell.source)) is not None:
+        if cell.cell_type == "code" and (tree := regions.parse_cell(cell.source)) is not None:
             cells.append(set(_statements(tree)))
     leaks = []
     for cell in solved.cells:
         if cell.cell_type != "code":
             continue
-        for region in mx.find_regions(cell.source):
+        for region in regions.find_regions(cell.source):
             wanted = [s for s in _region_statements(cell.source, region) if len(s) >= 12]
             if not wanted or (len(wanted) == 1 and len(wanted[0]) < 30):
                 continue  # `return x`: too short to tell a leak from a coincidence
             for seen in cells:
                 hits = sum(s in seen for s in wanted)
                 if hits == len(wanted):  # all of it: a bug-fix lab shows all but the bug
-                    leaks.append(f"{mx.region_owner(cell.source, region)} "
+                    leaks.append(f"{regions.region_owner(cell.source, region)} "
                                  f"({hits}/{len(wanted)} statements)")
                     break
     return leaks
@@ -156,16 +166,16 @@ def answers_in(exercise) -> list[str]:
     """Everything in an exercise copy that gives an answer away."""
     found = []
     for i, cell in enumerate(exercise.cells):
-        if mx.is_teacher_only(cell):
-            found.append(f"cell {i}: tagged {mx.ANSWER_TAG!r}")
+        if markup.is_teacher_only(cell):
+            found.append(f"cell {i}: tagged {markup.ANSWER_TAG!r}")
         if cell.cell_type == "markdown":
-            for a, b, kind in mx.answer_blocks(cell.source):
+            for a, b, kind in markup.answer_blocks(cell.source):
                 found.append(f"cell {i}: answer ({kind}) {cell.source[a:b][:60]!r}")
         if cell.cell_type == "code":
             if cell.get("outputs"):
                 found.append(f"cell {i}: stored output")
             for line in cell.source.split("\n"):
-                if mx.PREDICTION_MARK in line:
+                if markup.PREDICTION_MARK in line:
                     found.append(f"cell {i}: filled prediction {line.strip()!r}")
                 elif "# your prediction" in line and not re.match(
                         r"^\s*[A-Za-z_]\w*\s*=\s*\.\.\.\s+# your prediction\s*$", line):
@@ -204,20 +214,20 @@ def test_copies_drop_answers_and_keep_questions_and_hints():
     ])
     for i, cell in enumerate(solved.cells):
         cell.id = f"c{i}"
-    ex = mx.make_exercise(solved, "07_t.ipynb")
+    ex = exercise_copy.make_exercise(solved, "07_t.ipynb")
     text = "\n".join(c.source for c in ex.cells)
     assert "**Q1.** Why?" in text and "Hint 1: the idea" in text and "Then  stays hidden." in text
     for gone in ("Because.", "Hint inside", "secret", "all", "66_048", "print(66048)", "line 3"):
         assert gone not in text, gone
     assert "n_params = ...  # your prediction" in text
     assert answers_in(ex) == []
-    assert ex.cells[-1].source == mx.YOUR_ANSWER and "**Write.**" in ex.cells[-2].source
-    meta = ex.metadata[mx.LAB_KEY]
+    assert ex.cells[-1].source == markup.YOUR_ANSWER and "**Write.**" in ex.cells[-2].source
+    meta = ex.metadata[markup.LAB_KEY]
     assert [p["name"] for p in meta["predictions"]] == ["n_params"] and len(meta["written"]) == 1
     assert "1 prediction:" in ex.cells[0].source and "1 written question" in ex.cells[0].source
     grader = next(c for c in ex.cells if "check_prediction" in c.source)
     assert grader.metadata["jupyter"] == {"source_hidden": True}
-    assert mx.PREDICTION_FLOW in next(c.source for c in ex.cells
+    assert markup.PREDICTION_FLOW in next(c.source for c in ex.cells
                                       if c.cell_type == "code" and "# your prediction" in c.source)
 
 
@@ -232,23 +242,23 @@ def test_answer_space_tag_puts_an_ungraded_answer_cell_before_the_proof():
     ])
     for i, cell in enumerate(solved.cells):
         cell.id = f"c{i}"
-    ex = mx.make_exercise(solved, "11_t.ipynb")
+    ex = exercise_copy.make_exercise(solved, "11_t.ipynb")
     sources = [c.source for c in ex.cells[1:]]  # after the copy's note
-    assert sources == ["# 11 T", "## Q1. Why?", mx.YOUR_ANSWER, "print('proof')", "## Q2. And?",
+    assert sources == ["# 11 T", "## Q1. Why?", markup.YOUR_ANSWER, "print('proof')", "## Q2. And?",
                        "print('proof 2')"]
-    assert ex.metadata[mx.LAB_KEY]["written"] == []  # an answer space is not graded
+    assert ex.metadata[markup.LAB_KEY]["written"] == []  # an answer space is not graded
 
 
 def test_unbalanced_answer_markers_are_an_error():
     for bad in ("<!-- answer --> open", "close <!-- /answer -->", "<details><summary>Answer"):
-        with pytest.raises(mx.RegionError):
-            mx.strip_answers(bad)
+        with pytest.raises(markup.RegionError):
+            markup.strip_answers(bad)
 
 
 @pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
 def test_exercise_copy_holds_no_answer(path, copies):
     """No Answer block, no teacher-only cell, no filled prediction, no solution code."""
-    exercise = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name],
+    exercise = nbformat.reads(copies[ROOT / "notebooks" / layout.EXERCISE_DIR / path.name],
                               as_version=4)
     found = answers_in(exercise)
     found += [f"solution code of {leak}" for leak in solution_leaks(_read(path), exercise)]
@@ -259,16 +269,16 @@ def test_exercise_copy_holds_no_answer(path, copies):
 def test_prediction_grading_cells_are_collapsed_in_the_copy(path, copies):
     """A check_prediction cell names the answer (and the usual wrong ones): in the exercise
     copy its code is collapsed, and the prediction cell and the top note say to run it unopened."""
-    exercise = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name],
+    exercise = nbformat.reads(copies[ROOT / "notebooks" / layout.EXERCISE_DIR / path.name],
                               as_version=4)
     graders = [i for i, c in enumerate(exercise.cells)
-               if c.cell_type == "code" and mx.is_prediction_grader(c.source)]
+               if c.cell_type == "code" and labinfo.is_prediction_grader(c.source)]
     shown = [i for i in graders
              if not c_hidden(exercise.cells[i])]
     assert not shown, f"{path.name}: check_prediction cells not collapsed: {shown}"
     predicting = [c for c in exercise.cells
                   if c.cell_type == "code" and "# your prediction" in c.source]
-    assert all(mx.PREDICTION_FLOW in c.source for c in predicting)
+    assert all(markup.PREDICTION_FLOW in c.source for c in predicting)
     if predicting:
         assert "collapsed on purpose" in exercise.cells[0].source
     solved = _read(path)  # the solved notebook shows every cell
@@ -290,10 +300,10 @@ def test_solution_leak_detector_finds_a_repeated_demonstration():
                      .split("\n") if "###" not in line)
     solved = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(demo),
                                              nbformat.v4.new_code_cell(solved_cell)])
-    ex = mx.make_exercise(solved, "06_x.ipynb")
+    ex = exercise_copy.make_exercise(solved, "06_x.ipynb")
     assert solution_leaks(solved, ex) == ["MyEncoder.forward (4/4 statements)"]
     solved.cells = solved.cells[1:]
-    assert solution_leaks(solved, mx.make_exercise(solved, "06_x.ipynb")) == []
+    assert solution_leaks(solved, exercise_copy.make_exercise(solved, "06_x.ipynb")) == []
 
 
 @pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
@@ -302,16 +312,16 @@ def test_teacher_key_holds_what_the_copy_drops(path):
     the mistakes (with the learner's hint) of every check the lab calls."""
     key = make_keys.key_markdown(path, ROOT)
     nb = _read(path)
-    info = mx.lab_info(nb)
+    info = labinfo.lab_info(nb)
     missing = []
     for cell in nb.cells:
         if cell.cell_type == "code":
-            for region in mx.find_regions(cell.source):
-                code = textwrap.dedent(mx.solution_code(cell.source, region)).strip()
+            for region in regions.find_regions(cell.source):
+                code = textwrap.dedent(regions.solution_code(cell.source, region)).strip()
                 if code not in key:
-                    missing.append(f"solution of {mx.region_owner(cell.source, region)}")
+                    missing.append(f"solution of {regions.region_owner(cell.source, region)}")
         elif cell.cell_type == "markdown":
-            for a, b, kind in mx.answer_blocks(cell.source):
+            for a, b, kind in markup.answer_blocks(cell.source):
                 body = make_keys._answer_body(cell.source[a:b], kind)
                 if body not in key:
                     missing.append(f"answer {body[:50]!r}")
@@ -368,8 +378,8 @@ def _revealed(check_cell, label: str) -> str | None:
 
 def prediction_problems(nb) -> list[str]:
     """The rules of a graded prediction (docs/CONVENTIONS.md), as problems found."""
-    info = mx.lab_info(nb)
-    problems = [f"`{name}` ({mx.PREDICTION_MARK}) is never passed to "
+    info = labinfo.lab_info(nb)
+    problems = [f"`{name}` ({markup.PREDICTION_MARK}) is never passed to "
                 "labkit.check_prediction" for name in info["ungraded_predictions"]]
     for p in info["predictions"]:
         at, asked = p["cell"], p["question_cell"]
@@ -377,9 +387,9 @@ def prediction_problems(nb) -> list[str]:
         if asked is None:
             problems.append(f"`{p['name']}` (cell {at}): no markdown question before it")
             continue
-        if not mx.is_prediction_cell(cell.source):
+        if not markup.is_prediction_cell(cell.source):
             problems.append(f"`{p['name']}` (cell {at}): a prediction cell holds only "
-                            f"`name = value  {mx.PREDICTION_MARK}` lines and comments")
+                            f"`name = value  {markup.PREDICTION_MARK}` lines and comments")
         if cell.get("outputs"):
             problems.append(f"`{p['name']}` (cell {at}): the prediction cell prints something")
         value = _revealed(nb.cells[p["check_cell"]], p["label"] or p["name"])
@@ -415,7 +425,7 @@ def test_prediction_rules_on_a_synthetic_notebook():
             "for q, p, want, m in rows:\n"
             "    _ = labkit.check_prediction(q, p, want, mistakes=m)")
     cells[3].source = quiz  # graded in a loop, as 11's shape quiz does
-    info = mx.lab_info(nb)
+    info = labinfo.lab_info(nb)
     assert [(p["name"], p["label"], p["mistakes"]) for p in info["predictions"]] == [
         ("shape", "1. output", [["(5, 2, 16)", "swapped"]])]
 
@@ -426,12 +436,12 @@ def test_every_notebook_has_three_graded_predictions(number):
     paths = [p for p in SOLVED if p.name.startswith(number + "_")]
     assert len(paths) == 1, f"no solved notebook {number}_*.ipynb"
     nb = _read(paths[0])
-    info = mx.lab_info(nb)
+    info = labinfo.lab_info(nb)
     problems = prediction_problems(nb)
     assert len(info["predictions"]) >= MIN_PREDICTIONS and not problems, (
         f"{paths[0].name}: {len(info['predictions'])} graded prediction(s), at least "
         f"{MIN_PREDICTIONS} wanted (a '**Predict.**' markdown cell, then a cell with "
-        f"`name = value  {mx.PREDICTION_MARK}`, then a labkit.check_prediction call that "
+        f"`name = value  {markup.PREDICTION_MARK}`, then a labkit.check_prediction call that "
         "takes `name`)" + "".join(f"\n- {p}" for p in problems))
 
 
@@ -442,68 +452,68 @@ def test_every_notebook_has_an_exercise_copy(copies):
         nb = nbformat.reads(text, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":
-                assert mx.PREDICTION_MARK not in cell.source, path.name
+                assert markup.PREDICTION_MARK not in cell.source, path.name
 
 
 # ----------------------------------------------------------------------------------------
 # Item 6: the teaching table cannot drift; the handout holds no solved notebook
 
 def test_teaching_table_matches_the_exercise_metadata(copies):
-    want = mx.teaching_text(ROOT, copies)
-    have = (ROOT / mx.TEACHING).read_text(encoding="utf-8")
+    want = teaching_table.teaching_text(ROOT, copies)
+    have = (ROOT / layout.TEACHING).read_text(encoding="utf-8")
     assert want == have, ("docs/teaching.md's lab table differs from the exercise metadata and "
                           "notebooks/labs.toml: run `make exercises`")
 
 
 def test_lab_table_lists_points_rubric_and_estimates(copies):
-    table = mx.lab_table(ROOT, copies)
-    labs = mx.load_labs(ROOT)
+    table = teaching_table.lab_table(ROOT, copies)
+    labs = scoring.load_labs(ROOT)
     for number in NUMBERS:
-        settings = mx.lab_settings(labs, number)
+        settings = scoring.lab_settings(labs, number)
         assert settings["minutes"], f"notebooks/labs.toml: lab {number} has no study_minutes"
         assert f"notebooks/{number}_" in table
     assert "estimates" in table and "not measurements" in table
     for path, text in copies.items():
-        meta = nbformat.reads(text, as_version=4).metadata[mx.LAB_KEY]
+        meta = nbformat.reads(text, as_version=4).metadata[markup.LAB_KEY]
         row = next(line for line in table.split("\n") if f"(../notebooks/{path.name})" in line)
         for check in meta["checks"]:
             assert f"`{check['check']}`" in row, check
         for e in meta["exercises"]:
             assert f"`{e['name'].split('.')[-1]}`" in row, e
-        points = mx.lab_points(meta, mx.lab_settings(labs, path.name[:2]))
+        points = scoring.lab_points(meta, scoring.lab_settings(labs, path.name[:2]))
         assert f"| {points['total']:g} |" in row
         if meta["written"]:
             assert f"**{path.stem}**" in table  # its rubric line
 
 
 def test_points_add_up_on_a_synthetic_lab():
-    labs = {"points": dict(mx.DEFAULT_POINTS), "rubric": {"written": "r"},
+    labs = {"points": dict(scoring.DEFAULT_POINTS), "rubric": {"written": "r"},
             "lab": {"03": {"points": {"prediction": 2}, "study_minutes": 50}}}
-    settings = mx.lab_settings(labs, "03")
+    settings = scoring.lab_settings(labs, "03")
     meta = {"exercises": [{"name": "MHA.split"}, {"name": "MHA.merge"}, {"name": "f"}],
             "predictions": [{}, {}, {}], "written": [{}]}
-    assert mx.lab_points(meta, settings) == {"exercises": 3, "predictions": 6, "written": 2,
+    assert scoring.lab_points(meta, settings) == {"exercises": 3, "predictions": 6, "written": 2,
                                              "total": 11}
     assert settings["minutes"] == 50 and settings["rubric"] == "r"
     exercises = [{"name": "MHA.split", "checks": ["check_mha"]},
                  {"name": "MHA.merge", "checks": ["check_mha"]}, {"name": "f", "checks": []}]
-    assert mx.graded_objects(exercises) == [("MHA", ["split", "merge"], ["check_mha"]),
+    assert scoring.graded_objects(exercises) == [("MHA", ["split", "merge"], ["check_mha"]),
                                             ("f", [], [])]
 
 
 def test_check_table_lists_every_check_a_lab_calls(copies):
-    doc = (ROOT / mx.TEACHING).read_text(encoding="utf-8")
+    doc = (ROOT / layout.TEACHING).read_text(encoding="utf-8")
     rows = set(re.findall(r"^\| `(check_\w+)\(", doc, re.MULTILINE))
     used = {c["check"] for text in copies.values()
-            for c in nbformat.reads(text, as_version=4).metadata[mx.LAB_KEY]["checks"]}
+            for c in nbformat.reads(text, as_version=4).metadata[markup.LAB_KEY]["checks"]}
     used.add("check_prediction")
     assert used <= rows, f"docs/teaching.md's check table lacks {sorted(used - rows)}"
     assert "have no exercise notebook of their own" not in doc  # the stale sentence is gone
 
 
 def test_labs_toml_rejects_nothing_silently():
-    labs = mx.load_labs(ROOT)
-    assert set(labs["points"]) == set(mx.DEFAULT_POINTS)
+    labs = scoring.load_labs(ROOT)
+    assert set(labs["points"]) == set(scoring.DEFAULT_POINTS)
     assert set(labs["lab"]) == set(NUMBERS), sorted(labs["lab"])
     assert labs["rubric"].get("written")
 
@@ -526,8 +536,8 @@ def test_handout_holds_no_solved_notebook_and_no_key(handout):
         assert text not in solved_texts, rel
         assert "### BEGIN SOLUTION" not in text and "### HINT:" not in text, rel
         nb = nbformat.reads(text, as_version=4)
-        assert nb.metadata[mx.LAB_KEY]["solved"] == Path(rel).name
-        assert not mx.is_hand_edited(nb)  # exactly what the generator wrote
+        assert nb.metadata[markup.LAB_KEY]["solved"] == Path(rel).name
+        assert not exercise_copy.is_hand_edited(nb)  # exactly what the generator wrote
         assert answers_in(nb) == [], rel
     for f in files:
         assert not f.startswith(("teacher/", "tests/", "notebooks/exercises/")), f
@@ -571,9 +581,9 @@ def _solve(exercise_text: str, solved) -> str:
     for cell in nb.cells:
         if cell.cell_type == "code" and "NotImplementedError" in cell.source:
             source = solutions[cell.id]
-            for region in reversed(mx.find_regions(source)):
+            for region in reversed(regions.find_regions(source)):
                 stub = region.stub()
-                cell.source = cell.source.replace(stub, mx.solution_code(source, region))
+                cell.source = cell.source.replace(stub, regions.solution_code(source, region))
             cell.outputs = [nbformat.v4.new_output("stream", text="my run\n")]
             cell.execution_count = 1
     return nbformat.writes(nb)
@@ -588,23 +598,24 @@ def test_a_learners_work_survives_make_exercises_and_make_test(tmp_path):
     for path in SOLVED:
         if path.name[:2] in ("00", "05"):
             (tmp_path / "notebooks" / path.name).write_bytes(path.read_bytes())
-    (tmp_path / mx.LABS_TOML).write_bytes((ROOT / mx.LABS_TOML).read_bytes())
-    (tmp_path / mx.TEACHING).write_text(f"# T\n\n{mx.TABLE_BEGIN}\n{mx.TABLE_END}\n")
-    (tmp_path / ".gitignore").write_text(f"{mx.WORK_DIR}/\n")
+    (tmp_path / layout.LABS_TOML).write_bytes((ROOT / layout.LABS_TOML).read_bytes())
+    markers = f"{teaching_table.TABLE_BEGIN}\n{teaching_table.TABLE_END}"
+    (tmp_path / layout.TEACHING).write_text(f"# T\n\n{markers}\n")
+    (tmp_path / ".gitignore").write_text(f"{layout.WORK_DIR}/\n")
     root = ["--root", str(tmp_path)]
     assert mx.main(root) == 0  # make exercises, as the repository ships them
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", ".")
     _git(tmp_path, "commit", "-q", "-m", "project")
-    assert mx.main(root + ["--fill", mx.WORK_DIR]) == 0  # make lab, first time
-    work = tmp_path / mx.WORK_DIR
+    assert mx.main(root + ["--fill", layout.WORK_DIR]) == 0  # make lab, first time
+    work = tmp_path / layout.WORK_DIR
     assert sorted(p.name for p in work.glob("*.ipynb")) == ["00_overview.ipynb", name]
     solved = _read(tmp_path / "notebooks" / name)
     mine = _solve((work / name).read_text(), solved)
     assert "raise NotImplementedError(\"" not in mine
     (work / name).write_text(mine)
     (work / "my_notes.ipynb").write_text(nbformat.writes(nbformat.v4.new_notebook()))
-    generated = tmp_path / "notebooks" / mx.EXERCISE_DIR / name
+    generated = tmp_path / "notebooks" / layout.EXERCISE_DIR / name
     also_mine = _solve(generated.read_text(), solved)
     generated.write_text(also_mine)
 
@@ -612,28 +623,29 @@ def test_a_learners_work_survives_make_exercises_and_make_test(tmp_path):
     assert problems == [] and edits == [f"edited by hand: notebooks/exercises/{name}"]
     assert mx.main(root) == 0  # make exercises
     assert (work / name).read_text() == mine  # untouched
-    rescued = list((work / mx.RESCUE_DIR).glob("05_masks-*.ipynb"))
+    rescued = list((work / layout.RESCUE_DIR).glob("05_masks-*.ipynb"))
     assert len(rescued) == 1 and rescued[0].read_text() == also_mine  # kept, not lost
     assert mx.staleness(tmp_path) == ([], [])
     assert mx.main(root + ["--check"]) == 0
 
     (work / "00_overview.ipynb").unlink()  # "start this one afresh"
-    assert mx.main(root + ["--fill", mx.WORK_DIR]) == 0  # make lab, again
+    assert mx.main(root + ["--fill", layout.WORK_DIR]) == 0  # make lab, again
     assert (work / "00_overview.ipynb").exists() and (work / name).read_text() == mine
     assert (work / "my_notes.ipynb").exists()
 
     solved.cells[0].source += "\n\nA new sentence."  # the project changes; the learner pulls
     nbformat.write(solved, tmp_path / "notebooks" / name)
-    assert mx.main(root) == 0 and mx.main(root + ["--fill", mx.WORK_DIR]) == 0
+    assert mx.main(root) == 0 and mx.main(root + ["--fill", layout.WORK_DIR]) == 0
     assert (work / name).read_text() == mine
     assert "A new sentence." in generated.read_text()
 
 
 def test_learners_folder_is_ignored_and_outside_what_the_tests_collect():
-    assert f"{mx.WORK_DIR}/" in (ROOT / ".gitignore").read_text().split("\n")
+    assert f"{layout.WORK_DIR}/" in (ROOT / ".gitignore").read_text().split("\n")
     makefile = (ROOT / "Makefile").read_text()
     test_recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
-    assert mx.WORK_DIR not in test_recipe and not mx.WORK_DIR.startswith(("notebooks", "tests"))
+    assert layout.WORK_DIR not in test_recipe
+    assert not layout.WORK_DIR.startswith(("notebooks", "tests"))
     lab_recipe = re.search(r"^lab:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
     assert "labkit.course.exercises --fill $(WORK)" in lab_recipe
     assert "/lab/tree/$(WORK)" in lab_recipe
@@ -646,23 +658,23 @@ def test_learners_folder_is_ignored_and_outside_what_the_tests_collect():
 @pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
 def test_copy_keeps_metadata_and_its_note_is_its_own(path, copies):
     solved = _read(path)
-    ex = nbformat.reads(copies[ROOT / "notebooks" / mx.EXERCISE_DIR / path.name], as_version=4)
+    ex = nbformat.reads(copies[ROOT / "notebooks" / layout.EXERCISE_DIR / path.name], as_version=4)
     # JupyterLab marks a notebook modified when its stored language_info or kernelspec differ
     # from what the kernel reports; the solved notebooks open clean, so the copies store theirs.
     assert ex.metadata["language_info"] == solved.metadata["language_info"]
     assert ex.metadata["kernelspec"] == solved.metadata["kernelspec"]
     assert (ex.nbformat, ex.nbformat_minor) == (solved.nbformat, solved.nbformat_minor)
     note = ex.cells[0].source
-    assert ex.cells[0].id == mx.NOTE_ID and f"`{path.name}`" in note
-    for title in mx.section_titles(solved):
-        assert f"*{mx._md(title)}*" in note, title
-    info = mx.lab_info(solved)
-    sections = set(mx.section_titles(solved))
+    assert ex.cells[0].id == exercise_copy.NOTE_ID and f"`{path.name}`" in note
+    for title in labinfo.section_titles(solved):
+        assert f"*{markup.md_escape(title)}*" in note, title
+    info = labinfo.lab_info(solved)
+    sections = set(labinfo.section_titles(solved))
     named = set(re.findall(r"\bcheck_\w+", note))
     assert named == {c["check"] for c in info["checks"]}, named  # no other notebook's check
     for e in info["exercises"]:
         assert e["section"].split(" / ")[0] in sections | {"the introduction"}
-        assert f"`{e['name']}`, in section *{mx._md(e['section'])}*" in note
+        assert f"`{e['name']}`, in section *{markup.md_escape(e['section'])}*" in note
     assert ("Run All stops at the first stub" in note) == bool(info["exercises"])
     assert ("prediction" in note) == bool(info["predictions"])
 
@@ -676,7 +688,7 @@ def test_note_puts_each_exercise_in_its_own_section():
              nbformat.v4.new_code_cell("def lookahead_mask(size):\n    ### BEGIN SOLUTION\n"
                                        "    return size\n    ### END SOLUTION"),
              nbformat.v4.new_code_cell("_ = labkit.check_masks(padding_mask, lookahead_mask)")]
-    ex = mx.make_exercise(nbformat.v4.new_notebook(cells=cells), "05_masks.ipynb")
+    ex = exercise_copy.make_exercise(nbformat.v4.new_notebook(cells=cells), "05_masks.ipynb")
     note = ex.cells[0].source
     assert "`padding_mask`, in section *1. Padding*" in note
     assert "`lookahead_mask`, in section *2. Look-ahead*" in note
@@ -710,11 +722,12 @@ def test_notebook_11_drill_is_stated_ungraded_and_the_timed_exercise_has_no_code
     key say so, and the 'from memory' exercise keeps only the idea and where-it-was-shown hints."""
     path = next(p for p in SOLVED if p.name.startswith("11_"))
     nb = _read(path)
-    info = mx.lab_info(nb)
+    info = labinfo.lab_info(nb)
     assert info["drill"] >= 40 and not info["written"]
-    ex = mx.make_exercise(nb, path.name)
+    ex = exercise_copy.make_exercise(nb, path.name)
     assert f"{info['drill']} drill questions, ungraded" in ex.cells[0].source
-    row = next(line for line in mx.lab_table(ROOT).split("\n") if line.startswith("| [11 "))
+    row = next(line for line in teaching_table.lab_table(ROOT).split("\n")
+               if line.startswith("| [11 "))
     assert "**ungraded** (0 pt)" in row and "timed exercise" in row
     key = make_keys.key_markdown(path, ROOT)
     assert "ungraded practice, worth 0 points" in key and "timed exercise" in key
@@ -748,13 +761,13 @@ def test_notebook_12_amp_lab_states_the_contract_and_hides_the_order_in_hints_2_
 def test_study_estimates_leave_time_for_every_graded_and_drill_item():
     """A floor, not a measurement: 2 min per drill question and per prediction, 5 per exercise,
     5 per written answer; no lab's estimate is below what its own items need."""
-    labs = mx.load_labs(ROOT)
+    labs = scoring.load_labs(ROOT)
     short = []
     for path in SOLVED:
-        info = mx.lab_info(_read(path))
+        info = labinfo.lab_info(_read(path))
         need = (2 * info["drill"] + 2 * len(info["predictions"]) + 5 * len(info["exercises"])
                 + 5 * len(info["written"]))
-        minutes = mx.lab_settings(labs, path.name[:2])["minutes"] or 0
+        minutes = scoring.lab_settings(labs, path.name[:2])["minutes"] or 0
         if minutes < need:
             short.append(f"{path.name}: about {minutes} min for items that need {need}")
     assert not short, "\n".join(short)

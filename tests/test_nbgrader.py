@@ -104,9 +104,9 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
     # the solved prediction values are not handed out
     assert not any("### PREDICTION" in c.source or "= (3, 1, 6)" in c.source
                    for c in nb.cells), "a prediction's value is visible"
-    from labkit.course import exercises as mx
+    from labkit.course import markup
 
-    assert not any(mx.answer_blocks(c.source) for c in nb.cells if c.cell_type == "markdown")
+    assert not any(markup.answer_blocks(c.source) for c in nb.cells if c.cell_type == "markdown")
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     points = [c.metadata["nbgrader"]["points"] for c in tests]
     exercises = [c.metadata["nbgrader"]["points"] for c in tests
@@ -127,15 +127,16 @@ def test_every_lab_exports(tmp_path):
 def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
     """The exporter's points are notebooks/labs.toml's, as in make grade: 0.5 per prediction
     (also when one cell checks several), 00, 01 and 13 exported, hand-marked exercises named."""
-    from labkit.course import exercises as mx
+    from labkit.course import labinfo, scoring
     from labkit.course import nbgrader_export as nc
 
-    labs = mx.load_labs()
+    labs = scoring.load_labs()
     stems = [p.stem[:2] for p in nc.labs()]
     assert {"00", "01", "13"} <= set(stems)
     for path in nc.labs():
         nb = nbformat.read(path, as_version=4)
-        want = mx.lab_points(mx.lab_info(nb), mx.lab_settings(labs, path.stem[:2]))["total"]
+        settings = scoring.lab_settings(labs, path.stem[:2])
+        want = scoring.lab_points(labinfo.lab_info(nb), settings)["total"]
         manual: list[str] = []
         got = nc.export_notebook(path, None, manual)[1]
         assert got == want, (path.stem, got, want)

@@ -23,6 +23,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parents[1]
 from labkit.course import exercises as mx  # noqa: E402
+from labkit.course import layout  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OVERRIDES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
@@ -54,9 +55,9 @@ def lab(tmp_path_factory):
     work = tmp_path_factory.mktemp("lab")
     project = work / "project"
     (project / "notebooks").mkdir(parents=True)
-    for path in mx.solved_notebooks(ROOT):
+    for path in layout.solved_notebooks(ROOT):
         shutil.copy(path, project / "notebooks" / path.name)
-    mx.fill_work(project / mx.WORK_DIR, ROOT)
+    mx.fill_work(project / layout.WORK_DIR, ROOT)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(work / "config"),
                JUPYTER_RUNTIME_DIR=str(work / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
@@ -67,7 +68,7 @@ def lab(tmp_path_factory):
     proc = subprocess.Popen(  # the flags of `make lab`, plus what the test needs
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
          f"--port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={project}", f"--LabApp.default_url=/lab/tree/{mx.WORK_DIR}",
+         f"--ServerApp.root_dir={project}", f"--LabApp.default_url=/lab/tree/{layout.WORK_DIR}",
          "--LabApp.expose_app_in_browser=True"]
         + (["--allow-root"] if os.geteuid() == 0 else []),
         env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -107,14 +108,14 @@ def test_lab_opens_in_the_learners_folder(lab, page):
     page.goto(f"{base}/?reset&token={token}")  # what `make lab`'s printed URL opens
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started !== undefined")
     page.wait_for_selector(f".jp-DirListing-item[title*='{NAME}']")
-    assert f"/lab/tree/{mx.WORK_DIR}" in page.url
+    assert f"/lab/tree/{layout.WORK_DIR}" in page.url
     crumbs = page.locator(".jp-BreadCrumbs").first.inner_text()
-    assert mx.WORK_DIR in crumbs, crumbs
+    assert layout.WORK_DIR in crumbs, crumbs
 
 
 def test_exercise_copy_opens_unmodified(lab, page):
     base, token = lab
-    path = f"{mx.WORK_DIR}/{NAME}"
+    path = f"{layout.WORK_DIR}/{NAME}"
     page.goto(f"{base}/lab/tree/{path}?reset&token={token}")
     page.wait_for_function(f"() => ({PANEL_DIRTY_JS})({json.dumps(path)}) !== null")
     page.wait_for_function("""(path) => {
@@ -133,7 +134,7 @@ def test_no_news_question(lab, page):
             PROJECT_OVERRIDES.read_text()):
         pytest.skip(f"{OVERRIDES} is not the project's override: run make setup")
     base, token = lab
-    page.goto(f"{base}/lab/tree/{mx.WORK_DIR}?reset&token={token}")
+    page.goto(f"{base}/lab/tree/{layout.WORK_DIR}?reset&token={token}")
     page.wait_for_selector(f".jp-DirListing-item[title*='{NAME}']")
     time.sleep(5)
     assert "Jupyter news" not in page.locator("body").inner_text()

@@ -30,9 +30,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from labkit.course import exercises as mx  # noqa: E402
+from labkit.course import exercise_copy, layout, markup  # noqa: E402
 
-ROOT = mx.ROOT
+ROOT = layout.ROOT
 NAME = "transformer-labs"
 DIST = Path("dist")
 OVERRIDES = Path("tools") / "jupyterlab" / "overrides.json"
@@ -91,7 +91,7 @@ def build(out_root: Path, root: Path = ROOT) -> tuple[Path, Path]:
     if folder.exists():
         shutil.rmtree(folder)
     (folder / "notebooks").mkdir(parents=True)
-    for path, text in mx.expected_exercises(root).items():
+    for path, text in exercise_copy.expected_exercises(root).items():
         (folder / "notebooks" / path.name).write_text(text, encoding="utf-8")
     shutil.copytree(root / "tx_helpers", folder / "tx_helpers", ignore=SKIP)
     shutil.copytree(root / "labkit", folder / "labkit",
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     root = args.root.resolve()
     try:
         folder, archive = build(args.out or root / DIST, root)
-    except mx.RegionError as exc:
+    except markup.RegionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     n = len(list((folder / "notebooks").glob("*.ipynb")))

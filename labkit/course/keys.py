@@ -33,9 +33,9 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.course import exercises as mx  # noqa: E402
+from labkit.course import labinfo, layout, markup, regions, scoring  # noqa: E402
 
-ROOT = mx.ROOT
+ROOT = layout.ROOT
 KEYS_DIR = Path("teacher") / "keys"
 # Modules of labkit that every check shares: their mistakes are listed once.
 SHARED_MODULES = ("report", "compare", "weights", "mistakes")
@@ -114,10 +114,10 @@ def _quote(text: str) -> str:
 
 def _answer_body(block: str, kind: str) -> str:
     if kind == "comment":
-        body = mx.ANSWER_CLOSE.sub("", mx.ANSWER_OPEN.sub("", block))
+        body = markup.ANSWER_CLOSE.sub("", markup.ANSWER_OPEN.sub("", block))
     else:
         body = re.sub(r"\A<details\b[^>]*>\s*", "", block, flags=re.IGNORECASE)
-        body = mx.SUMMARY.sub("", body, count=1)
+        body = markup.SUMMARY.sub("", body, count=1)
         body = re.sub(r"</details\s*>\s*\Z", "", body, flags=re.IGNORECASE)
     return body.strip()
 
@@ -134,9 +134,9 @@ def _title(nb, path: Path) -> str:
 def key_markdown(path: Path, root: Path = ROOT) -> str:
     """The teacher key of one solved notebook, as markdown."""
     nb = nbformat.read(path, as_version=4)
-    info = mx.lab_info(nb)
-    settings = mx.lab_settings(mx.load_labs(root), path.name[:2])
-    points = mx.lab_points(info, settings)
+    info = labinfo.lab_info(nb)
+    settings = scoring.lab_settings(scoring.load_labs(root), path.name[:2])
+    points = scoring.lab_points(info, settings)
     p = settings["points"]
     rel = path.relative_to(root).as_posix()
     out = [f"# Teacher key: {_title(nb, path)}", "",
@@ -161,12 +161,12 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
         out += ["This lab has no code to write.", ""]
     for e in info["exercises"]:
         cell = nb.cells[e["cell"]]
-        regions = mx.find_regions(cell.source)
-        region = next(r for r in regions if mx.region_owner(cell.source, r) == e["name"])
+        found = regions.find_regions(cell.source)
+        region = next(r for r in found if regions.region_owner(cell.source, r) == e["name"])
         out += [f"### {e['number']}. `{e['name']}` (section *{e['section']}*)", "",
-                f"Stub message: \"{region.hint or mx.DEFAULT_HINT}\"", "",
+                f"Stub message: \"{region.hint or markup.DEFAULT_HINT}\"", "",
                 "Solution:", "",
-                _fence(textwrap.dedent(mx.solution_code(cell.source, region)), "python"), ""]
+                _fence(textwrap.dedent(regions.solution_code(cell.source, region)), "python"), ""]
         calls = [c["call"] for c in info["checks"] if e["name"].split(".")[0] in c["covers"]]
         out += (["Graded by " + ", ".join(f"`{c}`" for c in calls) + "."] if calls
                 else ["No check grades this exercise automatically."]) + [""]
@@ -225,25 +225,25 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
     for w in info["written"]:
         written_cells.add(w["cell"])
         answers = [_answer_body(nb.cells[w["cell"]].source[a:b], kind)
-                   for a, b, kind in mx.answer_blocks(nb.cells[w["cell"]].source)]
+                   for a, b, kind in markup.answer_blocks(nb.cells[w["cell"]].source)]
         nxt = w["cell"] + 1
         if nxt < len(nb.cells) and nb.cells[nxt].cell_type == "markdown" \
-                and not mx.strip_answers(nb.cells[nxt].source).strip():
+                and not markup.strip_answers(nb.cells[nxt].source).strip():
             written_cells.add(nxt)
             answers += [_answer_body(nb.cells[nxt].source[a:b], kind)
-                        for a, b, kind in mx.answer_blocks(nb.cells[nxt].source)]
+                        for a, b, kind in markup.answer_blocks(nb.cells[nxt].source)]
         out += [f"### W{w['number']} (section *{w['section']}*)", "", _quote(w["question"]), "",
                 "Expected answer:", "", *(answers or ["(none written in the notebook)"]), "",
                 f"Rubric ({p['written']} points): {settings['rubric'] or 'none yet'}", ""]
 
     out += ["## Answers the exercise copies leave out", ""]
-    sections = mx._sections(nb)
+    sections = labinfo.cell_sections(nb)
     count = 0
     for index, cell in enumerate(nb.cells):
         if index in written_cells:
             continue
-        where = mx._where(sections, index, False)
-        if mx.is_teacher_only(cell):
+        where = labinfo.where(sections, index, False)
+        if markup.is_teacher_only(cell):
             count += 1
             out += [f"### Teacher-only cell {index} (section *{where}*)", ""]
             if cell.cell_type == "code":
@@ -256,16 +256,16 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
             continue
         if cell.cell_type != "markdown":
             continue
-        blocks = mx.answer_blocks(cell.source)
+        blocks = markup.answer_blocks(cell.source)
         if not blocks:
             continue
         count += 1
-        question = mx.strip_answers(cell.source).strip()
+        question = markup.strip_answers(cell.source).strip()
         out += [f"### Cell {index} (section *{where}*)", ""]
         if not question:  # an answer-only cell: the question is the markdown cell above
             above = next((nb.cells[j] for j in range(index - 1, -1, -1)
                           if nb.cells[j].cell_type == "markdown"), None)
-            question = mx.strip_answers(above.source).strip() if above is not None else ""
+            question = markup.strip_answers(above.source).strip() if above is not None else ""
         out += [_quote(question), ""] if question else []
         for a, b, kind in blocks:
             out += ["**Answer:**", "", _answer_body(cell.source[a:b], kind), ""]
@@ -277,12 +277,12 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
 def write_keys(out_dir: Path, root: Path = ROOT) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in mx.solved_notebooks(root):
+    for path in layout.solved_notebooks(root):
         target = out_dir / f"{path.stem}.md"
         try:
             text = key_markdown(path, root)
-        except mx.RegionError as exc:
-            raise mx.RegionError(f"{path.relative_to(root)}: {exc}") from None
+        except markup.RegionError as exc:
+            raise markup.RegionError(f"{path.relative_to(root)}: {exc}") from None
         target.write_text(text, encoding="utf-8")
         written.append(target)
     index = ["# Teacher keys", "", "Generated by `make keys` from the solved notebooks. "
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     out_dir = args.out or root / KEYS_DIR
     try:
         written = write_keys(out_dir, root)
-    except mx.RegionError as exc:
+    except markup.RegionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{len(written)} teacher key(s) in {out_dir} (for the teacher only: never hand out)")

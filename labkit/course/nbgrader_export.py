@@ -49,10 +49,9 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from labkit.course import exercises as mx  # noqa: E402
-from labkit.course.grade import defined_names  # noqa: E402
-
 from labkit import check_options  # noqa: E402
+from labkit.course import labinfo, markup, regions, scoring  # noqa: E402
+from labkit.course.grade import defined_names  # noqa: E402
 
 SCHEMA = 3
 CONFIG = '''\
@@ -118,9 +117,9 @@ def _hidden_lines(source: str) -> str:
     """The lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``."""
     out, inside = [], False
     for line in source.split("\n"):
-        if mx.BEGIN_HIDDEN.match(line):
+        if markup.BEGIN_HIDDEN.match(line):
             inside = True
-        elif mx.END_HIDDEN.match(line):
+        elif markup.END_HIDDEN.match(line):
             inside = False
         elif inside:
             out.append(line)
@@ -130,9 +129,9 @@ def _hidden_lines(source: str) -> str:
 def _hints_outside(source: str) -> str:
     """Move each region's ``### HINT:`` line above its BEGIN line as a ``# Hint:`` comment."""
     lines = source.split("\n")
-    for region in reversed(mx.find_regions(source)):
+    for region in reversed(regions.find_regions(source)):
         nxt = region.begin + 1
-        m = mx.HINT.match(lines[nxt]) if nxt < len(lines) else None
+        m = markup.HINT.match(lines[nxt]) if nxt < len(lines) else None
         if m:
             del lines[nxt]
             lines.insert(region.begin, f"{region.indent}# Hint: {m.group('text')}")
@@ -144,7 +143,7 @@ def _prediction_answers(source: str) -> str:
     ``# Your prediction: name = ...`` comment: the student version shows the stub, never the
     value (a locked cell with the solved values would hand out the answers)."""
     lines = source.split("\n")
-    for index, name, value in reversed(mx.prediction_lines(source)):
+    for index, name, value in reversed(markup.prediction_lines(source)):
         indent = lines[index][:len(lines[index]) - len(lines[index].lstrip())]
         lines[index:index + 1] = [f"{indent}# Your prediction: {name} = ...",
                                   f"{indent}### BEGIN SOLUTION", f"{indent}{name} = {value}",
@@ -163,16 +162,16 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     names are appended to ``manual`` when it is given.
     """
     nb = nbformat.read(path, as_version=4)
-    settings = mx.lab_settings(mx.load_labs(), path.stem[:2])["points"]
+    settings = scoring.lab_settings(scoring.load_labs(), path.stem[:2])["points"]
     each = float(settings["exercise"])
     if prediction_points is None:
         prediction_points = float(settings["prediction"])
-    info = mx.lab_info(nb)
+    info = labinfo.lab_info(nb)
     predictions_in: dict[int, int] = {}  # the cell that checks them -> how many
     for item in info["predictions"]:
         predictions_in[item["check_cell"]] = predictions_in.get(item["check_cell"], 0) + 1
     items_by_cell: dict[int, list[dict]] = {}
-    for item in mx.exercise_list(nb):
+    for item in labinfo.exercise_list(nb):
         items_by_cell.setdefault(item["cell"], []).append(item)
     stem = path.stem
     cells, total, counter = [], 0.0, 0
@@ -186,21 +185,21 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     for index, cell in enumerate(nb.cells):
         cell = nbformat.from_dict(json.loads(json.dumps(cell)))
         hidden = ""
-        if mx.is_teacher_only(cell):
+        if markup.is_teacher_only(cell):
             continue  # the teacher's key: never in the student version
         if cell.cell_type == "markdown":  # the <details> answers, as in the exercise copies
-            cell.source = mx.strip_answers(cell.source)
+            cell.source = markup.strip_answers(cell.source)
             if not cell.source.strip():
                 continue
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             original = cell.source
-            stripped = mx.strip_hidden_tests(original)
+            stripped = regions.strip_hidden_tests(original)
             hidden = _hidden_lines(original)
             if original.strip() and not stripped.strip() and index not in items_by_cell:
                 continue  # only hidden tests: dropped, as in the exercise copies
             cell.source = stripped
-        for key in ("execution", "ExecuteTime", "collapsed", "scrolled", mx.META_KEY):
+        for key in ("execution", "ExecuteTime", "collapsed", "scrolled", markup.META_KEY):
             cell.metadata.pop(key, None)
         if index in items_by_cell:
             cell.source = _hints_outside(cell.source)
@@ -239,7 +238,7 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 test.metadata["nbgrader"] = _meta("test", gid("test"), points)
                 cells.append(test)
             continue
-        if cell.cell_type == "code" and mx.prediction_lines(cell.source):
+        if cell.cell_type == "code" and markup.prediction_lines(cell.source):
             cell.source = _prediction_answers(cell.source)
             cell.metadata["nbgrader"] = _meta("solution", gid("guess"))
             cells.append(cell)
