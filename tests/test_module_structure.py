@@ -1,4 +1,8 @@
-"""tx_helpers: no import cycle (module-level or in functions), no module over 400 lines."""
+"""The three wings: tx_helpers (the blocks), labkit (the lab kit) and tools/ (command lines).
+
+No import cycle among their modules (module-level or in functions), no module over 400 lines,
+tx_helpers at most 3,500 lines and importing nothing from labkit (issue 31).
+"""
 import ast
 import subprocess
 import sys
@@ -6,26 +10,29 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "tx_helpers"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tx_helpers"
+WINGS = ("tx_helpers", "labkit", "tools")
 MAX_LINES = 400
+MAX_BLOCK_LINES = 3500  # the whole of tx_helpers: a package a learner reads in an evening
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+MODULES = {_module_name(p): p for wing in WINGS for p in sorted((ROOT / wing).rglob("*.py"))}
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """Every tx_helpers module that ``name`` imports, at any depth of its code."""
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
-    found = set()
+def _imported(name: str, path: Path) -> list[str]:
+    """Every module name ``name`` imports, at any depth of its code, relative ones resolved
+    ("from . import g2p" names the submodule g2p; "from .x import y" names x)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
+            found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -33,16 +40,21 @@ def _imports(name: str, path: Path) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            # "from . import g2p" imports the submodule g2p; "from .x import y" imports x
-            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
-                       for a in node.names]
-        else:
-            continue
-        for target in targets:
-            while target and target not in MODULES:  # "tx_helpers.g2p.x" -> "tx_helpers.g2p"
-                target = target.rpartition(".")[0]
-            if target and target != name:
-                found.add(target)
+            found += [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module
+                      for a in node.names]
+    return found
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """Every module of the three wings that ``name`` imports."""
+    found = set()
+    for target in _imported(name, path):
+        if name.startswith("tools.") and f"tools.{target}" in MODULES:
+            target = f"tools.{target}"  # a tool imports its neighbours by their bare names
+        while target and target not in MODULES:  # "tx_helpers.g2p.x" -> "tx_helpers.g2p"
+            target = target.rpartition(".")[0]
+        if target and target != name:
+            found.add(target)
     return found
 
 
@@ -80,9 +92,12 @@ def test_the_graph_sees_known_imports():
     assert "tx_helpers.pretrained" in GRAPH["tx_helpers.g2p"]
     assert "tx_helpers.recipes" in GRAPH["tx_helpers.pretrained"]
     assert GRAPH["tx_helpers.recipes"] == set()  # the registry imports nothing of ours
+    assert "labkit.course.regions" in GRAPH["labkit.course.exercise_copy"]
+    assert "labkit.course.exercises" in MODULES and "labkit.marks" in MODULES
+    assert "tools.bench_timing" in GRAPH["tools.bench_cases"]
 
 
-def test_no_import_cycle_among_tx_helpers_modules():
+def test_no_import_cycle_among_the_modules():
     cycle = _cycle()
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -90,6 +105,11 @@ def test_no_import_cycle_among_tx_helpers_modules():
 def test_the_cycle_finder_finds_a_planted_cycle(monkeypatch):
     monkeypatch.setitem(GRAPH, "tx_helpers.g2p_data",
                         GRAPH["tx_helpers.g2p_data"] | {"tx_helpers.g2p"})
+    assert _cycle() is not None
+    monkeypatch.setitem(GRAPH, "tx_helpers.g2p_data", GRAPH["tx_helpers.g2p_data"] - {
+        "tx_helpers.g2p"})
+    monkeypatch.setitem(GRAPH, "labkit.course.regions",
+                        GRAPH["labkit.course.regions"] | {"labkit.course.exercise_copy"})
     assert _cycle() is not None
 
 
@@ -99,15 +119,43 @@ def test_no_module_is_over_400_lines(name):
     assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines; split it (at most {MAX_LINES})"
 
 
+def test_tx_helpers_is_at_most_3500_lines():
+    lines = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()
+             if n.split(".")[0] == "tx_helpers"}
+    total = sum(lines.values())
+    assert total <= MAX_BLOCK_LINES, (
+        f"tx_helpers has {total} lines (at most {MAX_BLOCK_LINES}); the largest: "
+        + ", ".join(f"{n} {k}" for n, k in sorted(lines.items(), key=lambda t: -t[1])[:5]))
+
+
+def _kit_imports(name: str) -> list[str]:
+    return [t for t in _imported(name, MODULES[name]) if t.split(".")[0] == "labkit"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.split(".")[0] == "tx_helpers"))
+def test_tx_helpers_imports_nothing_from_labkit(name):
+    """The blocks never depend on the kit that grades them (the arrow runs one way)."""
+    assert _kit_imports(name) == [], f"{MODULES[name]} imports {_kit_imports(name)}"
+
+
+def test_the_direction_check_sees_a_planted_import(tmp_path, monkeypatch):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from labkit.marks import check_options\n"
+                       "import labkit\n")
+    monkeypatch.setitem(MODULES, "tx_helpers.planted", planted)
+    assert sorted(_kit_imports("tx_helpers.planted")) == ["labkit", "labkit.marks"]
+
+
 def test_every_module_imports_first_in_a_fresh_interpreter():
-    """Each module imported on its own, first thing in a new process (an import-order cycle
-    shows up as an ImportError or AttributeError on a partly initialised module)."""
+    """Each package module imported on its own, first thing in a new process (an import-order
+    cycle shows up as an ImportError or AttributeError on a partly initialised module)."""
     script = ("import importlib, sys\n"
               "for name in sys.argv[1:]:\n"
-              "    for m in [k for k in sys.modules if k.startswith('tx_helpers')]:\n"
+              "    for m in [k for k in sys.modules if k.startswith(('tx_helpers', 'labkit'))]:\n"
               "        del sys.modules[m]\n"
               "    importlib.import_module(name)\n")
-    names = sorted(n for n in MODULES if n != "tx_helpers")
+    names = sorted(n for n in MODULES if n.split(".")[0] in ("tx_helpers", "labkit")
+                   and n not in ("tx_helpers", "labkit"))
     run = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True,
-                         cwd=PACKAGE.parent, timeout=300)
+                         cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
