@@ -723,7 +723,7 @@ def test_notebook_11_drill_is_stated_ungraded_and_the_timed_exercise_has_no_code
     path = next(p for p in SOLVED if p.name.startswith("11_"))
     nb = _read(path)
     info = labinfo.lab_info(nb)
-    assert info["drill"] >= 40 and not info["written"]
+    assert info["drill"] >= 40 and len(info["written"]) >= 2  # the drill is practice; two Write.
     ex = exercise_copy.make_exercise(nb, path.name)
     assert f"{info['drill']} drill questions, ungraded" in ex.cells[0].source
     row = next(line for line in teaching_table.lab_table(ROOT).split("\n")
