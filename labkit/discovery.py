@@ -45,7 +45,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
 
     Returns ``[(label, run)]`` where ``run(verbose=True)`` runs the check. Only objects
     defined in ``module`` count (``"__main__"`` in a notebook; None: any). Names:
-    ``*DecoderLayer``, ``*EncoderLayer``, ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
+    ``*DecoderLayer``, ``*EncoderLayer`` (``*PreLN*``/``*PreNorm*``/``*NormFirst*`` in the name:
+    checked with ``norm_first=True``), ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
@@ -66,6 +67,11 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 check = (functools.partial(check_transformer, share_embeddings=True)
                          if "tied" in key else check_transformer)
                 check.__name__ = "check_transformer"  # a partial has no name of its own
+            if check in (check_encoder_layer, check_decoder_layer) and (
+                    "preln" in key or "prenorm" in key or "normfirst" in key):
+                name_of = check.__name__  # a Pre-LN layer (04's extension) is checked as one
+                check = functools.partial(check, norm_first=True)
+                check.__name__ = name_of
             if check is not None:
                 found.append((f"{check.__name__}({name})", _bind(check, obj)))
         elif callable(obj) and not isinstance(obj, type):
