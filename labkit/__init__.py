@@ -30,6 +30,7 @@ from .discovery import check_namespace, find_checks
 from .distributed import check_amp_step, check_token_mean_loss
 from .feed_forward import check_feed_forward
 from .g2p import check_phone_error_rate
+from .g2p_batching import check_g2p_batches, check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .marks import (
@@ -60,5 +61,6 @@ __all__ = [
     "Mark", "mark_exercise", "mark_result", "mark_predictions", "find_delegation",
     "check_options",
     "check_phone_error_rate",
+    "check_g2p_batches", "check_g2p_training",
     "check_beam_search", "run_beam_search",
 ]

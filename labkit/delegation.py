@@ -53,6 +53,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "check_greedy_decode": ("greedy_decode",),
     "check_beam_search": ("beam_search",),
     "check_phone_error_rate": ("phone_error_rate",),
+    "check_g2p_batches": ("g2p_batches",),
+    "check_g2p_training": ("train_from_recipe", "live_run"),
 }
 # check_masks marks one mask function at a time: only that mask's own reference is
 # delegation (decoder_self_mask may use tx.padding_mask as a part)

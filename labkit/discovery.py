@@ -9,6 +9,7 @@ from .attention import check_attention
 from .beam import check_beam_search
 from .decoding import check_greedy_decode
 from .feed_forward import check_feed_forward
+from .g2p_batching import check_g2p_batches, check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .masks import check_masks
@@ -50,7 +51,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
-    ``*beam*`` (a beam-search step), ``*quiz*`` (the shape quiz: a function returning the
+    ``*beam*`` (a beam-search step), ``*bucket*`` (13's length-bucketed batches),
+    ``*short_run*`` (13's training call), ``*quiz*`` (the shape quiz: a function returning the
     answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
     :func:`check_masks`).
@@ -93,6 +95,10 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 found.append((f"check_beam_search({name})", _bind(check_beam_search, obj)))
             elif "greedy" in key:
                 found.append((f"check_greedy_decode({name})", _bind(check_greedy_decode, obj)))
+            elif "bucket" in key:
+                found.append((f"check_g2p_batches({name})", _bind(check_g2p_batches, obj)))
+            elif "shortrun" in key:
+                found.append((f"check_g2p_training({name})", _bind(check_g2p_training, obj)))
             elif "quiz" in key:
                 found.append((f"check_shape_quiz({name})", _bind(check_shape_quiz, obj)))
     if masks:

@@ -1,0 +1,289 @@
+"""Checks: notebook 13's lab, the part that changes with real data.
+
+``check_g2p_batches(fn)``: ``fn(pairs, batch_size, *, seed=0, bucket=16)`` yields one epoch of
+``(src, tgt_in, tgt_out)`` batches built from ``(word, phones)`` pairs, words of similar length
+together. The check runs it on made-up pairs and reads the batches back: every batch full,
+every pair at most once, the targets shifted, little padding, a shuffled order, the same
+batches for the same seed.
+
+``check_g2p_training(fn, ...)``: ``fn(recipe, batches) -> (model, history)`` builds the recipe's
+model, Adam and Noam schedule and trains on the first ``recipe["steps"]`` batches with
+``tx.train``. The check runs it on a tiny recipe and compares the history with the reference
+run (and with its usual wrong variants); given the notebook's trained model it also scores
+the validation WER of the short run against a stated margin.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import torch
+
+from tx_helpers.g2p import (
+    LETTER_VOCAB,
+    LIVE_RECIPE,
+    PHONES,
+    evaluate,
+    g2p_model_config,
+    make_g2p_batch,
+)
+from tx_helpers.model import Transformer
+from tx_helpers.training import History, noam_scheduler, paper_adam, train
+
+from .mistakes import MISTAKES
+from .report import CheckResult, _call, _Report, _run_check
+
+MISTAKES.update({
+    "g2p_batch_not_triples": (
+        "a batch is not three tensors (src, tgt_in, tgt_out)",
+        "build each batch with the notebook's batch maker, as section 3 does"),
+    "g2p_batch_ragged_kept": (
+        "the ragged last batch is kept, so one batch is smaller than the others",
+        "the contract drops the rest that does not fill a whole batch"),
+    "g2p_batch_wrong_size": (
+        "the number of batches, or the number of rows in a batch, is not what the contract says",
+        "one epoch holds as many full batches as the pairs fill, each of exactly the batch size"),
+    "g2p_batch_repeats_pairs": (
+        "a pair appears in more than one batch of the epoch, or a row is not one of the pairs",
+        "cut each bucket into consecutive, non-overlapping slices"),
+    "g2p_batch_unshifted": (
+        "the decoder input equals the labels: the target is not shifted by one, so the decoder "
+        "can copy its input (notebook 10 shows what that does)",
+        "the decoder reads the start token and the phones, and must predict the phones and the "
+        "end token"),
+    "g2p_batch_wrong_tensors": (
+        "the tensors of a batch do not hold its pairs (letters, shifted phones, padding)",
+        "build each batch from its pairs with the notebook's batch maker"),
+    "g2p_batch_not_bucketed": (
+        "the batches are not grouped by word length: about as much padding as random batches",
+        "inside each bucket, order the pairs by word length before cutting it into batches"),
+    "g2p_batch_no_shuffle": (
+        "the pairs are not shuffled before the buckets are cut, so each batch holds neighbours "
+        "of the input (on the dictionary: words that share their first letters)",
+        "shuffle a copy of the pairs first, with a generator seeded from the seed argument"),
+    "g2p_batch_order_sorted": (
+        "the batches come out ordered by length (short words first), not in a shuffled order",
+        "after cutting the batches, shuffle their order as well"),
+    "g2p_batch_mutates_pairs": (
+        "the caller's list of pairs was reordered in place",
+        "shuffle a copy: the caller's training pairs must keep their order"),
+    "g2p_batch_not_reproducible": (
+        "two calls with the same seed give different batches",
+        "draw every random choice from a generator seeded from the seed argument, not from the "
+        "global random state"),
+    "g2p_batch_ignores_seed": (
+        "different seeds give the same batches",
+        "seed the generator from the seed argument"),
+    "g2p_train_wrong_steps": (
+        "the history does not have one entry per step of the recipe",
+        "train on exactly as many batches as the recipe's steps"),
+    "g2p_train_no_scheduler": (
+        "the learning rate never changes: the Noam schedule is not passed to the training call",
+        "pass the scheduler to the training call: the optimizer's base rate is 1.0 and only "
+        "the schedule scales it"),
+    "g2p_train_wrong_schedule": (
+        "the learning rates differ from the recipe's Noam schedule",
+        "build the schedule from the model's d_model and the recipe's warmup, factor, cooldown "
+        "and steps"),
+    "g2p_train_not_seeded": (
+        "the first loss differs from the reference: the model was not built right after seeding "
+        "with the recipe's seed (or with another config)",
+        "seed with the recipe's seed, then build the model from the recipe's model settings"),
+    "g2p_train_label_smoothing": (
+        "the loss is not the recipe's label-smoothed loss",
+        "pass the recipe's label smoothing to the training call"),
+    "g2p_train_no_clipping": (
+        "the gradients are not clipped at the recipe's norm",
+        "pass the recipe's clip_norm to the training call"),
+    "g2p_train_wrong_return": (
+        "the function does not return (the trained model, its History)",
+        "return the model you trained and the History the training call gave back"),
+    "g2p_run_wer_above_margin": (
+        "the validation WER of the short run is above the margin a correct run stays under",
+        "run the two checks above first; then look at the loss curve and the learning rate"),
+})
+
+
+def _made_up_pairs(n: int = 300, seed: int = 0) -> list[tuple[str, list[str]]]:
+    """Distinct made-up words of 2-13 letters with random phones, in alphabetical order."""
+    rng = random.Random(seed)
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rng.choice("abcdefghijklmnopqrstuvwxyz")
+                          for _ in range(rng.randint(2, 13))))
+    return [(w, [rng.choice(PHONES) for _ in range(max(1, len(w) - rng.randint(0, 2)))])
+            for w in sorted(words)]
+
+
+def _word(row) -> str:
+    return "".join(LETTER_VOCAB.decode_tokens(row))
+
+
+def _epoch(report, fn, pairs, batch_size, seed, bucket) -> list:
+    what = f"fn(pairs, {batch_size}, seed={seed}, bucket={bucket})"
+    out = _call(report, what, fn, pairs, batch_size, seed=seed, bucket=bucket)
+    return _call(report, f"iterating over {what}", list, out)
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b, strict=True)
+                                    for x, y in zip(p, q, strict=True))
+
+
+def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(pairs, batch_size, *, seed=0, bucket=16)``: one epoch of bucketed batches."""
+
+    def body(report: _Report):
+        pairs, batch_size, bucket = _made_up_pairs(), 8, 8
+        given = list(pairs)
+        batches = _epoch(report, fn, given, batch_size, 0, bucket)
+        if given != pairs:
+            report.mistake("g2p_batch_mutates_pairs")
+        triples = all(isinstance(b, (tuple, list)) and len(b) == 3
+                      and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in b)
+                      for b in batches)
+        if not report.probe(triples and batches, "every batch is (src, tgt_in, tgt_out), "
+                            "each a 2-D tensor"):
+            report.mistake("g2p_batch_not_triples")
+            return
+        full = len(pairs) // batch_size
+        sizes = [b[0].size(0) for b in batches]
+        if not report.probe(sizes == [batch_size] * full, f"{full} batches of {batch_size} "
+                            f"rows from {len(pairs)} pairs (the rest dropped)"):
+            ragged = len(sizes) == full + 1 and sorted(sizes)[1:] == [batch_size] * full
+            report.mistake("g2p_batch_ragged_kept" if ragged else "g2p_batch_wrong_size",
+                           f"got {len(sizes)} batches of sizes {sorted(set(sizes))}")
+        phones = dict(pairs)
+        index = {w: i for i, (w, _) in enumerate(pairs)}
+        rows = [[_word(r) for r in b[0].tolist()] for b in batches]
+        seen = [w for group in rows for w in group]
+        if not report.probe(len(seen) == len(set(seen)) and set(seen) <= set(phones),
+                            "every row is one of the pairs, and no pair comes twice"):
+            report.mistake("g2p_batch_repeats_pairs")
+            return
+        want = [make_g2p_batch([(w, phones[w]) for w in group]) for group in rows]
+        if not report.probe(_same(batches, want), "each batch holds its pairs: letters, then "
+                            "<bos> + phones in, phones + <eos> out, padded with 0"):
+            shifted = any(b[1].shape == b[2].shape and torch.equal(b[1], b[2]) for b in batches)
+            report.mistake("g2p_batch_unshifted" if shifted else "g2p_batch_wrong_tensors")
+            return
+        padding = sum((b[0] == LETTER_VOCAB.pad_idx).sum().item() for b in batches) / sum(
+            b[0].numel() for b in batches)
+        rng = random.Random(0)
+        shuffled = rng.sample(pairs, len(pairs))
+        random_batches = [make_g2p_batch(shuffled[i:i + batch_size])[0]
+                          for i in range(0, full * batch_size, batch_size)]
+        baseline = sum((s == LETTER_VOCAB.pad_idx).sum().item() for s in random_batches) / sum(
+            s.numel() for s in random_batches)
+        if not report.probe(padding < 0.5 * baseline, f"little padding: {padding:.0%} of the "
+                            f"letter slots, against {baseline:.0%} for random batches"):
+            report.mistake("g2p_batch_not_bucketed")
+        spans = [max(index[w] for w in g) - min(index[w] for w in g) for g in rows]
+        if not report.probe(max(spans) >= bucket * batch_size,
+                            "the pairs are shuffled before the buckets are cut"):
+            report.mistake("g2p_batch_no_shuffle")
+        rising = []
+        for seed in (0, 1, 2):
+            epoch = batches if seed == 0 else _epoch(report, fn, list(pairs), batch_size, seed,
+                                                     bucket)
+            lengths = [(b[0] != LETTER_VOCAB.pad_idx).sum().item() / b[0].size(0) for b in epoch]
+            rising += [a <= b for a, b in zip(lengths[:-1], lengths[1:], strict=True)]
+        if not report.probe(sum(rising) / len(rising) < 0.8,
+                            "the batch order is shuffled, not short words first"):
+            report.mistake("g2p_batch_order_sorted")
+        again = _epoch(report, fn, list(pairs), batch_size, 0, bucket)
+        other = _epoch(report, fn, list(pairs), batch_size, 1, bucket)
+        if not report.probe(_same(batches, again), "the same seed gives the same batches"):
+            report.mistake("g2p_batch_not_reproducible")
+        elif not report.probe(not _same(batches, other), "another seed gives other batches"):
+            report.mistake("g2p_batch_ignores_seed")
+
+    return _run_check("check_g2p_batches", body, verbose, fn)
+
+
+# ---------------------------------------------------------------- the training call
+
+TINY_RECIPE = {**LIVE_RECIPE, "steps": 4, "batch_size": 8, "warmup": 2, "clip_norm": 0.05,
+               "model": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1,
+                         "dropout": 0.0, "norm_first": True}}
+
+
+def _reference(recipe, batches, *, label_smoothing=None, clip_norm=-1.0, schedule=True):
+    """The reference short run (and, through its keywords, the usual wrong variants)."""
+    torch.manual_seed(recipe["seed"])
+    model = Transformer(g2p_model_config(**recipe["model"]))
+    optimizer = paper_adam(model.parameters())
+    scheduler = noam_scheduler(optimizer, model.config.d_model, recipe["warmup"],
+                               recipe["factor"], cooldown=recipe["cooldown"],
+                               total=recipe["steps"]) if schedule else None
+    history = train(model, itertools.islice(batches, recipe["steps"]), optimizer, scheduler,
+                    label_smoothing=recipe["label_smoothing"] if label_smoothing is None
+                    else label_smoothing,
+                    clip_norm=recipe["clip_norm"] if clip_norm == -1.0 else clip_norm)
+    return model.eval(), history
+
+
+def _close(a, b) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-5 * max(1.0, abs(y))
+                                    for x, y in zip(a, b, strict=True))
+
+
+def check_g2p_training(fn, *, model=None, words=None, lexicon=None, max_wer: float | None = None,
+                       verbose: bool = True) -> CheckResult:
+    """Check ``fn(recipe, batches) -> (model, history)`` against the reference short run.
+
+    With ``model``, ``words``, ``lexicon`` and ``max_wer`` (the notebook's trained model, the
+    validation words and the margin), also score that model's greedy WER on ``words``.
+    """
+
+    def body(report: _Report):
+        pairs = _made_up_pairs(80, seed=1)
+        batches = [make_g2p_batch(pairs[i:i + 8]) for i in range(0, 48, 8)]  # 6 > 4 steps
+        with torch.enable_grad():
+            out = _call(report, "fn(recipe, batches) on a tiny recipe", fn, dict(TINY_RECIPE),
+                        iter(batches))
+            want_model, want = _reference(TINY_RECIPE, iter(batches))
+        if not report.probe(isinstance(out, tuple) and len(out) == 2
+                            and isinstance(out[0], torch.nn.Module)
+                            and isinstance(out[1], History), "returns (model, History)"):
+            report.mistake("g2p_train_wrong_return", f"got {type(out).__name__}")
+            return
+        got_model, got = out
+        steps = TINY_RECIPE["steps"]
+        if not report.probe(len(got) == steps, f"{steps} steps for a recipe of {steps} steps "
+                            f"(given {len(batches)} batches)"):
+            report.mistake("g2p_train_wrong_steps", f"got {len(got)}")
+            return
+        if not report.probe(_close(got.lr, want.lr), "the learning rate follows the recipe's "
+                            "Noam schedule"):
+            constant = len(set(round(x, 12) for x in got.lr)) == 1
+            report.mistake("g2p_train_no_scheduler" if constant else "g2p_train_wrong_schedule")
+        if not report.probe(_close(got.loss, want.loss), "the losses equal the reference run's"):
+            with torch.enable_grad():
+                variants = {
+                    "g2p_train_label_smoothing": _reference(TINY_RECIPE, iter(batches),
+                                                            label_smoothing=0.0)[1].loss,
+                    "g2p_train_no_clipping": _reference(TINY_RECIPE, iter(batches),
+                                                        clip_norm=None)[1].loss,
+                }
+            named = [k for k, v in variants.items() if _close(got.loss, v)]
+            first = abs(got.loss[0] - want.loss[0]) > 1e-5 * max(1.0, abs(want.loss[0]))
+            report.mistake(named[0] if named else
+                           "g2p_train_not_seeded" if first and got.lr and _close(got.lr, want.lr)
+                           else "mismatch")
+        src, tgt_in, _ = batches[0]
+        with torch.no_grad():
+            same = got_model.eval()(src, tgt_in).shape == want_model(src, tgt_in).shape and \
+                torch.allclose(got_model(src, tgt_in), want_model(src, tgt_in), atol=1e-4)
+        if not report.probe(same, "the returned model is the trained one"):
+            report.mistake("g2p_train_wrong_return", "its outputs differ from the reference's")
+        if model is None:
+            return
+        result = evaluate(list(words), model=model, lexicon=lexicon)
+        ok = math.isfinite(result["wer"]) and result["wer"] <= max_wer
+        if not report.probe(ok, f"your short run's validation WER is below the {max_wer:.0%} "
+                            f"margin (on {result['words']:,} validation words)"):
+            report.mistake("g2p_run_wer_above_margin", f"WER {result['wer']:.1%}")
+
+    return _run_check("check_g2p_training", body, verbose, fn)

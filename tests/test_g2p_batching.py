@@ -1,0 +1,200 @@
+"""labkit.check_g2p_batches and check_g2p_training (notebook 13's lab): correct code passes,
+each planted mistake is named."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+import labkit
+import tx_helpers as tx
+from labkit.g2p_batching import TINY_RECIPE, _made_up_pairs
+from tx_helpers import g2p
+
+# ---------------------------------------------------------------- batches, written independently
+
+def batches_by_length(pairs, batch_size, *, seed=0, bucket=16):
+    """One epoch: shuffle, sort runs of bucket * batch_size pairs by word length, cut, shuffle."""
+    rng = random.Random(seed * 7919 + 3)
+    order = rng.sample(list(pairs), len(pairs))
+    n = len(order) // batch_size * batch_size
+    groups = []
+    for start in range(0, n, bucket * batch_size):
+        run = sorted(order[start:min(start + bucket * batch_size, n)], key=lambda p: len(p[0]))
+        groups.extend(run[i:i + batch_size] for i in range(0, len(run), batch_size))
+    rng.shuffle(groups)
+    for group in groups:
+        yield g2p.make_g2p_batch(group)
+
+
+def globally_sorted(pairs, batch_size, *, seed=0, bucket=16):
+    """Also correct: one sort of all pairs (after a shuffle for ties), batches in shuffled order."""
+    rng = random.Random(seed)
+    order = sorted(rng.sample(list(pairs), len(pairs)), key=lambda p: len(p[0]))
+    groups = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    rng.shuffle(groups)
+    return [g2p.make_g2p_batch(g) for g in groups]
+
+
+def ragged(pairs, batch_size, *, seed=0, bucket=16):
+    out = list(batches_by_length(pairs, batch_size, seed=seed, bucket=bucket))
+    rest = len(pairs) % batch_size
+    return out + [g2p.make_g2p_batch(list(pairs)[:rest])]
+
+
+def unshifted(pairs, batch_size, *, seed=0, bucket=16):
+    for src, _, tgt_out in batches_by_length(pairs, batch_size, seed=seed, bucket=bucket):
+        yield src, tgt_out, tgt_out
+
+
+def not_bucketed(pairs, batch_size, *, seed=0, bucket=16):
+    rng = random.Random(seed)
+    order = rng.sample(list(pairs), len(pairs))
+    return [g2p.make_g2p_batch(order[i:i + batch_size])
+            for i in range(0, len(order) - batch_size + 1, batch_size)]
+
+
+def no_shuffle(pairs, batch_size, *, seed=0, bucket=16):
+    rng = random.Random(seed)
+    n = len(pairs) // batch_size * batch_size
+    groups = []
+    for start in range(0, n, bucket * batch_size):
+        run = sorted(pairs[start:min(start + bucket * batch_size, n)], key=lambda p: len(p[0]))
+        groups += [run[i:i + batch_size] for i in range(0, len(run), batch_size)]
+    rng.shuffle(groups)
+    return [g2p.make_g2p_batch(g) for g in groups]
+
+
+def order_sorted(pairs, batch_size, *, seed=0, bucket=16):
+    rng = random.Random(seed)
+    order = sorted(rng.sample(list(pairs), len(pairs)), key=lambda p: len(p[0]))
+    return [g2p.make_g2p_batch(order[i:i + batch_size])
+            for i in range(0, len(order) - batch_size + 1, batch_size)]
+
+
+def in_place(pairs, batch_size, *, seed=0, bucket=16):
+    random.Random(seed).shuffle(pairs)
+    return list(batches_by_length(pairs, batch_size, seed=seed, bucket=bucket))
+
+
+def global_random(pairs, batch_size, *, seed=0, bucket=16):
+    random.shuffle(pairs := list(pairs))  # the global generator: another epoch each call
+    return list(batches_by_length(pairs, batch_size, seed=random.randrange(10 ** 6), bucket=bucket))
+
+
+def seed_ignored(pairs, batch_size, *, seed=0, bucket=16):
+    return list(batches_by_length(pairs, batch_size, seed=0, bucket=bucket))
+
+
+def repeats(pairs, batch_size, *, seed=0, bucket=16):
+    out = list(batches_by_length(pairs, batch_size, seed=seed, bucket=bucket))
+    return out[:-1] + [out[0]]
+
+
+@pytest.mark.parametrize("fn", [batches_by_length, globally_sorted])
+def test_correct_batching_passes(fn):
+    result = labkit.check_g2p_batches(fn, verbose=False)
+    assert result.passed, result.report
+
+
+@pytest.mark.parametrize("fn, key", [
+    (ragged, "g2p_batch_ragged_kept"),
+    (unshifted, "g2p_batch_unshifted"),
+    (not_bucketed, "g2p_batch_not_bucketed"),
+    (no_shuffle, "g2p_batch_no_shuffle"),
+    (order_sorted, "g2p_batch_order_sorted"),
+    (in_place, "g2p_batch_mutates_pairs"),
+    (global_random, "g2p_batch_not_reproducible"),
+    (seed_ignored, "g2p_batch_ignores_seed"),
+    (repeats, "g2p_batch_repeats_pairs"),
+])
+def test_each_batching_mistake_is_named(fn, key):
+    result = labkit.check_g2p_batches(fn, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_a_stub_is_reported_not_raised():
+    def stub(pairs, batch_size, *, seed=0, bucket=16):
+        raise NotImplementedError("one epoch of batches")
+
+    result = labkit.check_g2p_batches(stub, verbose=False)
+    assert result.mistakes == ["not_implemented"]
+
+
+def test_made_up_pairs_are_distinct_and_sorted():
+    pairs = _made_up_pairs()
+    words = [w for w, _ in pairs]
+    assert words == sorted(set(words)) and len(words) == 300
+    assert all(phones and set(phones) <= set(g2p.PHONES) for _, phones in pairs)
+
+
+# ---------------------------------------------------------------- the training call
+
+def short_run(recipe, batches):
+    """Written independently: the recipe's model, Adam and Noam schedule, then tx.train."""
+    torch.manual_seed(recipe["seed"])
+    config = g2p.g2p_model_config(**recipe["model"])
+    model = tx.Transformer(config)
+    optimizer = tx.paper_adam(model.parameters())
+    scheduler = tx.noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"],
+                                  cooldown=recipe["cooldown"], total=recipe["steps"])
+    steps = itertools.islice(batches, recipe["steps"])
+    history = tx.train(model, steps, optimizer, scheduler, clip_norm=recipe["clip_norm"],
+                       label_smoothing=recipe["label_smoothing"])
+    return model.eval(), history
+
+
+def _variant(**change):
+    def run(recipe, batches):
+        recipe = dict(recipe)
+        torch.manual_seed(change.get("seed", recipe["seed"]))
+        config = g2p.g2p_model_config(**recipe["model"])
+        model = tx.Transformer(config)
+        optimizer = tx.paper_adam(model.parameters())
+        scheduler = tx.noam_scheduler(optimizer, config.d_model,
+                                      change.get("warmup", recipe["warmup"]), recipe["factor"])
+        if change.get("no_scheduler"):
+            scheduler = None
+        n = change.get("steps", recipe["steps"])
+        history = tx.train(model, itertools.islice(batches, n), optimizer, scheduler,
+                           clip_norm=change.get("clip_norm", recipe["clip_norm"]),
+                           label_smoothing=change.get("label_smoothing",
+                                                      recipe["label_smoothing"]))
+        if change.get("fresh_model"):
+            model = tx.Transformer(config)
+        return model, history
+    return run
+
+
+def test_correct_training_call_passes():
+    result = labkit.check_g2p_training(short_run, verbose=False)
+    assert result.passed, result.report
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"no_scheduler": True}, "g2p_train_no_scheduler"),
+    ({"warmup": 7}, "g2p_train_wrong_schedule"),
+    ({"seed": 5}, "g2p_train_not_seeded"),
+    ({"label_smoothing": 0.0}, "g2p_train_label_smoothing"),
+    ({"clip_norm": None}, "g2p_train_no_clipping"),
+    ({"steps": 6}, "g2p_train_wrong_steps"),
+    ({"fresh_model": True}, "g2p_train_wrong_return"),
+])
+def test_each_training_mistake_is_named(change, key):
+    result = labkit.check_g2p_training(_variant(**change), verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_the_wer_margin_is_scored_on_the_given_model(lexicon_words=("knight", "phone", "debt")):
+    lexicon = g2p.load_lexicon()
+    untrained = short_run({**TINY_RECIPE, "steps": 1}, iter([]))[0]
+    words = list(lexicon_words)
+    failed = labkit.check_g2p_training(short_run, model=untrained, words=words, lexicon=lexicon,
+                                       max_wer=0.5, verbose=False)
+    assert "g2p_run_wer_above_margin" in failed.mistakes
+    shipped = g2p.load_pretrained("cpu")
+    passed = labkit.check_g2p_training(short_run, model=shipped, words=words, lexicon=lexicon,
+                                       max_wer=0.5, verbose=False)
+    assert passed.passed, passed.report
