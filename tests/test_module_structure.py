@@ -159,3 +159,43 @@ def test_every_module_imports_first_in_a_fresh_interpreter():
     run = subprocess.run([sys.executable, "-c", script, *names], capture_output=True, text=True,
                          cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the README's package section
+READING_ORDER = ["config", "positional", "attention", "masks", "layers", "model", "training",
+                 "decoding"]
+
+
+def _readme_tables() -> tuple[list[str], str, str]:
+    """(tx_helpers table rows' first cells, the labkit table, the structure picture)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## The package\n", 1)[1].split("\n## ", 1)[0]
+    picture = section.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    tables = [block for block in section.split("\n\n") if block.lstrip().startswith("| Module")]
+    assert len(tables) == 2, "the package section has a tx_helpers table and a labkit table"
+    first = [row.split("|")[1].strip() for row in tables[0].strip().split("\n")[2:]]
+    return first, tables[1], picture
+
+
+def test_readme_lists_every_tx_helpers_module_once_in_reading_order():
+    rows, _, _ = _readme_tables()
+    names = [cell.strip("`").removesuffix(".py").rstrip("/") for cell in rows]
+    modules = sorted(n.split(".", 1)[1] for n in MODULES if n.startswith("tx_helpers."))
+    assert sorted(n for n in names if n != "models") == modules, "one row per module"
+    assert names[: len(READING_ORDER)] == READING_ORDER
+
+
+def test_readme_labkit_table_names_every_labkit_module():
+    _, table, _ = _readme_tables()
+    missing = [n for n, p in MODULES.items() if n.split(".")[0] == "labkit"
+               and n != "labkit.course" and f"`{p.relative_to(ROOT / 'labkit').as_posix()}`" not in table]
+    assert not missing, f"the README's labkit table lacks {missing}"
+
+
+def test_the_structure_picture_has_three_wings_and_no_arrow_from_the_blocks_to_the_kit():
+    _, _, picture = _readme_tables()
+    wings = {w: picture.count(f"subgraph {w}[") for w in ("blocks", "kit", "tools")}
+    assert wings == {"blocks": 1, "kit": 1, "tools": 1}, wings
+    arrows = [line.split("-->") for line in picture.split("\n") if "-->" in line]
+    assert ["kit", "blocks"] in [[a.strip(), b.strip()] for a, b in arrows]
+    assert not [a for a in arrows if a[0].strip() == "blocks"], "blocks import nothing"

@@ -10,13 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import warnings
 from pathlib import Path
 
@@ -26,9 +20,6 @@ playwright = pytest.importorskip("playwright.sync_api")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROME_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # Limits follow progress, not the clock: Run All fails only when no cell has finished for
 # CELL_TIMEOUT_MS (a busy machine makes every cell slower, not stuck), or when the kernel sits
 # idle for STALL_MS with cells still queued (a lost message). TOTAL_MS only stops a run that
@@ -125,66 +116,20 @@ WIDGETS_READY_JS = """
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(tmp_path_factory, start_lab, require_chromium):
     """A JupyterLab server on 127.0.0.1 over a copy of the notebooks."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"chromium not found at {CHROMIUM}: apt-get install chromium")
     work = tmp_path_factory.mktemp("lab")
     nb_dir = work / "notebooks"
     nb_dir.mkdir()
     for nb in NOTEBOOKS:
         shutil.copy(nb, nb_dir / nb.name)
     # Render every cell (no windowing), so off-screen widgets exist in the DOM.
-    settings = work / "settings" / "@jupyterlab" / "notebook-extension"
-    settings.mkdir(parents=True)
-    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(work / "config"),
-               JUPYTER_RUNTIME_DIR=str(work / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"))
-    env.pop("MPLBACKEND", None)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(work / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={nb_dir}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.close()
-                pytest.fail("JupyterLab did not start:\n" + (work / "lab.log").read_text()[-3000:])
-            time.sleep(0.5)
-    yield base, token
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROME_ARGS)
-        yield b
-        b.close()
+    tracker = {"@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"}}
+    with start_lab(work, nb_dir, settings=tracker,
+                   args=["--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+                   ) as server:
+        yield server
 
 
 def _open(browser, lab, name):

@@ -8,13 +8,9 @@ when the override `make setup` installs is in place. Needs Debian's chromium and
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 from labkit.course import exercises as mx  # noqa: E402
 from labkit.course import layout  # noqa: E402
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OVERRIDES = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
 PROJECT_OVERRIDES = ROOT / "tools" / "jupyterlab" / "overrides.json"
 NAME = "05_masks.ipynb"
@@ -40,67 +35,26 @@ PANEL_DIRTY_JS = """
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium")
+def lab(tmp_path_factory, start_lab, require_chromium):
     work = tmp_path_factory.mktemp("lab")
     project = work / "project"
     (project / "notebooks").mkdir(parents=True)
     for path in layout.solved_notebooks(ROOT):
         shutil.copy(path, project / "notebooks" / path.name)
     mx.fill_work(project / layout.WORK_DIR, ROOT)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(work / "config"),
-               JUPYTER_RUNTIME_DIR=str(work / "runtime"),
-               JUPYTERLAB_SETTINGS_DIR=str(work / "settings"),
-               JUPYTERLAB_WORKSPACES_DIR=str(work / "workspaces"))
-    env.pop("MPLBACKEND", None)
-    port, token = _free_port(), secrets.token_hex(16)
-    log = open(work / "lab.log", "w")
-    proc = subprocess.Popen(  # the flags of `make lab`, plus what the test needs
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-         f"--port={port}", f"--IdentityProvider.token={token}",
-         f"--ServerApp.root_dir={project}", f"--LabApp.default_url=/lab/tree/{layout.WORK_DIR}",
-         "--LabApp.expose_app_in_browser=True"]
-        + (["--allow-root"] if os.geteuid() == 0 else []),
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.close()
-                pytest.fail("JupyterLab did not start:\n" + (work / "lab.log").read_text()[-3000:])
-            time.sleep(0.5)
-    yield base, token
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    # the flags of `make lab`, plus what the test needs
+    with start_lab(work, project, args=[f"--LabApp.default_url=/lab/tree/{layout.WORK_DIR}"]
+                   ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def page(lab):
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(120_000)
-        yield page
-        browser.close()
+def page(lab, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(120_000)
+    yield page
+    page.close()
 
 
 def test_lab_opens_in_the_learners_folder(lab, page):
