@@ -23,7 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_attention_inputs, check_divisible, check_dropout, check_positive_int
+from ._checks import (
+    check_attention_inputs,
+    check_divisible,
+    check_dropout,
+    check_positive_int,
+    inputs_checked,
+)
 from .config import BACKENDS as BACKENDS  # re-exported; the list lives in config
 from .masks import expand_mask
 
@@ -41,7 +47,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., L_q, L_k)
     if mask is not None:
-        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        scores.masked_fill_(mask, torch.finfo(scores.dtype).min)  # in place: a fresh tensor
     weights = torch.softmax(scores, dim=-1)  # (..., L_q, L_k)
     if dropout is not None:
         weights = dropout(weights)
@@ -67,6 +73,10 @@ class AttentionCache:
         if self.k is not None and not self.grows:
             return self.k, self.v
         k, v = project(key, value)  # (N, H, L_new, d_k)
+        if not self.grows:
+            # stored contiguous once: every later step's q @ k^T then runs as one batched
+            # matmul on the stored rows, instead of copying the head-split view each time
+            k, v = k.contiguous(), v.contiguous()
         if self.k is not None:
             k = torch.cat([self.k, k], dim=2)  # (N, H, L_past + L_new, d_k)
             v = torch.cat([self.v, v], dim=2)
@@ -158,7 +168,8 @@ class MultiHeadAttention(nn.Module):
         this layer's projected keys and values: appended to at every step for
         self-attention, computed once and reused for cross-attention.
         """
-        check_attention_inputs(query, key, value, self.d_model)
+        if not inputs_checked():  # a model's forward or decode has checked its inputs once
+            check_attention_inputs(query, key, value, self.d_model)
         n, l_q, _ = query.shape
         q = self._split_heads(self.w_q(query))  # (N, H, L_q, d_k)
         if cache is None:
@@ -175,7 +186,8 @@ class MultiHeadAttention(nn.Module):
         if self.backend == "sdpa":
             context, self.attn_weights = self._sdpa(q, k, v, mask), None
         else:
-            context, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
+            dropout = self.dropout if self.training else None  # eval: no call that does nothing
+            context, weights = scaled_dot_product_attention(q, k, v, mask, dropout)
             self.attn_weights = weights.detach()  # (N, H, L_q, L_k)
         context = context.transpose(1, 2).contiguous().view(n, l_q, self.d_model)  # (N, L_q, d)
         return self.w_o(context)  # (N, L_q, d_model)
