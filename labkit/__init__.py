@@ -45,6 +45,7 @@ from .masks import check_masks
 from .mistakes import MISTAKES
 from .model import check_transformer
 from .multi_head import check_multi_head_attention
+from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .predict import check_prediction
 from .quiz import check_shape_quiz
@@ -63,4 +64,5 @@ __all__ = [
     "check_phone_error_rate",
     "check_g2p_batches", "check_g2p_training",
     "check_beam_search", "run_beam_search",
+    "check_parameter_counts",
 ]

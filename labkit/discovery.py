@@ -15,6 +15,7 @@ from .layers import check_decoder_layer, check_encoder_layer
 from .masks import check_masks
 from .model import check_transformer
 from .multi_head import check_multi_head_attention
+from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .quiz import check_shape_quiz
 from .report import CheckResult
@@ -99,6 +100,9 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 found.append((f"check_g2p_batches({name})", _bind(check_g2p_batches, obj)))
             elif "shortrun" in key:
                 found.append((f"check_g2p_training({name})", _bind(check_g2p_training, obj)))
+            elif "parametercount" in key:
+                found.append((f"check_parameter_counts({name})",
+                              _bind(check_parameter_counts, obj)))
             elif "quiz" in key:
                 found.append((f"check_shape_quiz({name})", _bind(check_shape_quiz, obj)))
     if masks:

@@ -1,0 +1,247 @@
+"""Check: notebook 01's parameter counter, a Transformer's counts per sub-module from its config.
+
+:func:`check_parameter_counts` grades ``fn(config) -> dict`` that returns, for a
+:class:`tx_helpers.ModelConfig`, the number of trainable parameters of ``tx.Transformer(config)``
+in each group of :data:`GROUPS`, computed from the config's sizes (a tied table counted once,
+under "embeddings"). The reference is measured on the built model (on the ``meta`` device, so
+no memory), and its total equals ``tx.count_parameters``. On a mismatch the check compares the
+learner's counts with those of the usual mistakes, alone and in pairs, on every probe config:
+biases forgotten, a LayerNorm without its shift, the final norms or the decoder's cross-attention
+left out, a tied table counted more than once, the positional table (a buffer) counted, d_ff
+taken as 4 d_model. Building a ``tx`` model inside the function is reported as such.
+"""
+from __future__ import annotations
+
+import itertools
+import numbers
+from dataclasses import replace
+
+import torch
+
+import tx_helpers
+from tx_helpers import attention as tx_attention
+from tx_helpers import introspection, layers, model, positional
+from tx_helpers.config import ModelConfig
+
+from .mistakes import MISTAKES
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+GROUPS = ("embeddings", "attention", "feed-forward", "layer norms", "generator")
+
+MISTAKES.update({
+    "param_not_a_dict": ("the function does not return a dict of counts per group",
+                         "return one int per group name: " + ", ".join(GROUPS)),
+    "param_no_biases": ("the biases of the linear layers are not counted",
+                        "every nn.Linear here has a bias as well as its weight matrix"),
+    "param_layernorm_gain_only": ("each LayerNorm is counted with its gain only",
+                                  "a LayerNorm learns two vectors of d_model numbers"),
+    "param_no_final_norms": ("the final LayerNorm of each stack is missing",
+                             "tx adds one LayerNorm after the last layer of the encoder and "
+                             "one after the last layer of the decoder (print the model)"),
+    "param_no_cross_attention": ("the decoder layers are counted with one attention block",
+                                 "a decoder layer attends twice: to itself and to the memory"),
+    "param_tied_counted_twice": ("with share_embeddings=True the shared table is counted more "
+                                 "than once", "a tied matrix is one Parameter, whatever number "
+                                 "of modules hold it"),
+    "param_buffer_counted": ("the positional-encoding table is counted as parameters",
+                             "the table is a buffer: saved with the model, never trained"),
+    "param_d_ff_assumed": ("the feed-forward width is taken as 4 x d_model",
+                           "read the hidden width from the config: it is its own field"),
+    "param_group_wrong": ("some groups differ from the built model's counts",
+                          "count each group's matrices and vectors from the shapes of "
+                          "notebook 01's printed model, one sub-layer at a time"),
+    "param_built_model": ("the counts come from a tx model built inside the function",
+                          "the exercise asks for the counts from the config's sizes alone"),
+})
+
+# (label, config): sizes all different, a tied model, and d_ff != 4 d_model.
+_CONFIGS = (
+    ("ModelConfig()", ModelConfig()),
+    ("untied, vocab 50/70, d_model 24, d_ff 40, 3 layers",
+     ModelConfig(src_vocab_size=50, tgt_vocab_size=70, d_model=24, n_heads=4, d_ff=40,
+                 n_layers=3, max_len=30)),
+    ("tied, vocab 60, d_model 16, d_ff 48, 1 layer",
+     ModelConfig(src_vocab_size=60, tgt_vocab_size=60, d_model=16, n_heads=2, d_ff=48,
+                 n_layers=1, max_len=20, share_embeddings=True)),
+)
+
+
+def group_of(name: str) -> str:
+    """The group of a parameter name such as ``decoder.layers.0.cross_attn.w_q.weight``."""
+    if ".embedding." in name:
+        return "embeddings"
+    if "_attn." in name:
+        return "attention"
+    if ".feed_forward." in name:
+        return "feed-forward"
+    if "norm" in name:
+        return "layer norms"
+    if name.startswith("generator."):
+        return "generator"
+    raise ValueError(f"no group for parameter {name!r}")
+
+
+def measured_counts(config: ModelConfig) -> dict[str, int]:
+    """Counts per group of ``tx.Transformer(config)``, built on the meta device."""
+    with torch.device("meta"):
+        built = model.Transformer(config)
+    counts = dict.fromkeys(GROUPS, 0)
+    for name, p in built.named_parameters():  # a tied Parameter is listed once
+        if p.requires_grad:
+            counts[group_of(name)] += p.numel()
+    if sum(counts.values()) != introspection.count_parameters(built):
+        raise AssertionError("the groups do not add up to tx.count_parameters")
+    return counts
+
+
+_REFS: list = []
+
+
+def _references() -> list:
+    """(label, config, measured counts) for the probe configs, measured once per session."""
+    if not _REFS:
+        _REFS.extend((label, c, measured_counts(c)) for label, c in _CONFIGS)
+    return _REFS
+
+
+def _formula(c: ModelConfig, *, biases=True, ln_vectors=2, final_norms=True, cross=True,
+             tied_tables=1, tied_generator=False, pe_tables=0, d_ff=None) -> dict[str, int]:
+    """Counts from the sizes, with switches for the usual mistakes."""
+    d, n, f = c.d_model, c.n_layers, d_ff or c.d_ff
+    b = 1 if biases else 0
+    attn = 4 * (d * d + b * d)
+    ffn = d * f + b * f + f * d + b * d
+    dec_attn = 2 if cross else 1
+    norms = (2 * n + 3 * n + (2 if final_norms else 0)) * ln_vectors * d
+    if c.share_embeddings:
+        tables = tied_tables * c.src_vocab_size * d
+        generator = b * c.tgt_vocab_size + (c.tgt_vocab_size * d if tied_generator else 0)
+    else:
+        tables = (c.src_vocab_size + c.tgt_vocab_size) * d
+        generator = c.tgt_vocab_size * d + b * c.tgt_vocab_size
+    return {"embeddings": tables + pe_tables * c.max_len * d,
+            "attention": n * attn + n * dec_attn * attn,
+            "feed-forward": 2 * n * ffn, "layer norms": norms, "generator": generator}
+
+
+_VARIANTS = {  # mistake key -> list of formula switches (any one of them names it)
+    "param_no_biases": [{"biases": False}],
+    "param_layernorm_gain_only": [{"ln_vectors": 1}],
+    "param_no_final_norms": [{"final_norms": False}],
+    "param_no_cross_attention": [{"cross": False}],
+    "param_tied_counted_twice": [{"tied_generator": True}, {"tied_tables": 2},
+                                 {"tied_tables": 2, "tied_generator": True}, {"tied_tables": 3}],
+    "param_buffer_counted": [{"pe_tables": 1}, {"pe_tables": 2}],
+    "param_d_ff_assumed": [{"d_ff": -1}],
+}
+
+
+def _variant(c: ModelConfig, switches: dict) -> dict[str, int]:
+    kw = dict(switches)
+    if kw.get("d_ff") == -1:
+        kw["d_ff"] = 4 * c.d_model
+    return _formula(c, **kw)
+
+
+def _as_counts(report: _Report, got, label: str) -> dict[str, int]:
+    if not isinstance(got, dict) or set(got) != set(GROUPS):
+        keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+        report.probe(False, f"fn({label}) returns a dict with the keys {list(GROUPS)} "
+                     f"(got {keys})")
+        report.mistake("param_not_a_dict")
+        raise _Failed
+    out = {}
+    for key, value in got.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        whole = isinstance(value, numbers.Integral) or (
+            isinstance(value, numbers.Real) and float(value).is_integer())
+        if isinstance(value, bool) or not whole:
+            report.probe(False, f"fn({label})[{key!r}] is a whole number (got {value!r})")
+            report.mistake("param_not_a_dict")
+            raise _Failed
+        out[key] = int(value)
+    return out
+
+
+class _Built(BaseException):
+    """Raised by a tx constructor while the learner's function runs."""
+
+
+def _forbid_tx_models():
+    """Swap the tx building blocks (and tx.count_parameters) for ones that raise _Built."""
+    classes = (model.Transformer, model.Encoder, model.Decoder, layers.EncoderLayer,
+               layers.DecoderLayer, layers.FeedForward, tx_attention.MultiHeadAttention,
+               positional.PositionalEncoding)
+    saved = [(cls, cls.__init__) for cls in classes]
+    counters = [(mod, mod.count_parameters) for mod in (tx_helpers, introspection)]
+
+    def refuse(*args, **kwargs):
+        raise _Built
+
+    for cls, _ in saved:
+        cls.__init__ = refuse
+    for mod, _ in counters:
+        mod.count_parameters = refuse
+
+    def restore():
+        for cls, init in saved:
+            cls.__init__ = init
+        for mod, fn in counters:
+            mod.count_parameters = fn
+    return restore
+
+
+def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
+    """Check ``fn(config) -> {group: count}`` against the built ``tx.Transformer(config)``.
+
+    The groups are :data:`GROUPS`; a tied table is counted once, under "embeddings" (so the
+    generator of a tied model holds only its bias). Probes a default, an untied and a tied
+    config whose sizes all differ; a mismatch is compared with the usual mistakes (alone and
+    in pairs) on every config.
+    """
+    def body(report: _Report):
+        refs = _references()
+        got_all = []
+        restore = _forbid_tx_models()
+        try:
+            for label, c, _ in refs:
+                try:
+                    got = _call(report, f"fn({label})", fn, replace(c))
+                except _Built:
+                    report.probe(False, f"fn({label}) counts from the config's sizes")
+                    report.mistake("param_built_model", "it built a tx module or called "
+                                   "tx.count_parameters")
+                    raise _Failed from None
+                got_all.append(_as_counts(report, got, label))
+        finally:
+            restore()
+        for (label, _, ref), got in zip(refs, got_all, strict=True):
+            report.probe(got == ref, f"counts for {label} match tx.Transformer "
+                         f"(total {sum(ref.values()):,} = tx.count_parameters)")
+        if all(got == ref for (_, _, ref), got in zip(refs, got_all, strict=True)):
+            return
+        _name_mistakes(report, refs, got_all)
+
+    return _run_check("check_parameter_counts", body, verbose, fn)
+
+
+def _name_mistakes(report: _Report, refs, got_all) -> None:
+    """Find the mistake (or pair) whose counts equal the learner's on every config."""
+    singles = [(key, sw) for key, options in _VARIANTS.items() for sw in options]
+    for size in (1, 2):
+        for combo in itertools.combinations(singles, size):
+            keys = [k for k, _ in combo]
+            if len(set(keys)) < size:
+                continue
+            switches = {k: v for _, sw in combo for k, v in sw.items()}
+            if all(_variant(c, switches) == got
+                   for (_, c, _), got in zip(refs, got_all, strict=True)):
+                for key in keys:
+                    report.mistake(key)
+                return
+    for (label, _, ref), got in zip(refs, got_all, strict=True):
+        wrong = [f"{g} {got[g]:,} (built model {ref[g]:,})" for g in GROUPS if got[g] != ref[g]]
+        if wrong:
+            report.mistake("param_group_wrong", f"for {label}: " + "; ".join(wrong))
+            return

@@ -1,0 +1,140 @@
+"""check_parameter_counts (notebook 01's lab): correct counters pass, usual mistakes are named."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import labkit
+import tx_helpers as tx
+from labkit.parameters import GROUPS
+
+
+def quiet(fn):
+    return labkit.check_parameter_counts(fn, verbose=False)
+
+
+def by_modules(config):
+    """An independent counter: torch's own modules on the meta device, one per block."""
+    def n(*modules):
+        return sum(p.numel() for m in modules for p in m.parameters())
+
+    d, f = config.d_model, config.d_ff
+    with torch.device("meta"):
+        attn = n(*(nn.Linear(d, d) for _ in range(4)))
+        ffn = n(nn.Linear(d, f), nn.Linear(f, d))
+        norm = n(nn.LayerNorm(d))
+        src = n(nn.Embedding(config.src_vocab_size, d))
+        tgt = n(nn.Embedding(config.tgt_vocab_size, d))
+        gen = n(nn.Linear(d, config.tgt_vocab_size))
+    layers = config.n_layers
+    return {
+        "embeddings": src if config.share_embeddings else src + tgt,
+        "attention": 3 * layers * attn,
+        "feed-forward": 2 * layers * ffn,
+        "layer norms": (5 * layers + 2) * norm,
+        "generator": config.tgt_vocab_size if config.share_embeddings else gen,
+    }
+
+
+def test_an_independent_counter_passes_and_matches_tx_count_parameters():
+    result = quiet(by_modules)
+    assert result.passed, result.report
+    for config in (tx.ModelConfig(), tx.ModelConfig(share_embeddings=True, n_layers=3)):
+        counts = by_modules(config)
+        assert sum(counts.values()) == tx.count_parameters(tx.Transformer(config))
+
+
+def test_numpy_and_tensor_integers_are_accepted():
+    def as_numpy(config):
+        return {k: np.int64(v) for k, v in by_modules(config).items()}
+
+    def as_tensor(config):
+        return {k: torch.tensor(v) for k, v in by_modules(config).items()}
+
+    assert quiet(as_numpy).passed
+    assert quiet(as_tensor).passed
+
+
+def shifted(**changes):
+    """A counter that applies the given per-config changes to the right counts."""
+    def fn(config):
+        counts = by_modules(config)
+        for key, change in changes.items():
+            counts[key] += change(config)
+        return counts
+    return fn
+
+
+def d(c):
+    return c.d_model
+
+
+MISTAKES = {
+    "param_no_biases": shifted(
+        attention=lambda c: -3 * c.n_layers * 4 * d(c),
+        **{"feed-forward": lambda c: -2 * c.n_layers * (c.d_ff + d(c))},
+        generator=lambda c: -c.tgt_vocab_size),
+    "param_layernorm_gain_only": shifted(**{"layer norms": lambda c: -(5 * c.n_layers + 2) * d(c)}),
+    "param_no_final_norms": shifted(**{"layer norms": lambda c: -4 * d(c)}),
+    "param_no_cross_attention": shifted(attention=lambda c: -c.n_layers * 4 * (d(c) ** 2 + d(c))),
+    "param_tied_counted_twice": shifted(
+        generator=lambda c: c.tgt_vocab_size * d(c) if c.share_embeddings else 0),
+    "param_buffer_counted": shifted(embeddings=lambda c: 2 * c.max_len * d(c)),
+    "param_d_ff_assumed": shifted(**{"feed-forward": lambda c: 2 * c.n_layers
+                                     * (4 * d(c) - c.d_ff) * (2 * d(c) + 1)}),
+}
+
+
+@pytest.mark.parametrize("key", list(MISTAKES))
+def test_each_usual_mistake_is_named(key):
+    result = quiet(MISTAKES[key])
+    assert not result.passed
+    assert result.mistakes == [key], result.report
+
+
+def test_two_mistakes_at_once_are_both_named():
+    both = shifted(**{"layer norms": lambda c: -4 * d(c)},
+                   embeddings=lambda c: 2 * c.max_len * d(c))
+    result = quiet(both)
+    assert sorted(result.mistakes) == ["param_buffer_counted", "param_no_final_norms"]
+
+
+def test_an_unlisted_mistake_names_the_group_and_the_numbers():
+    result = quiet(shifted(generator=lambda c: -c.tgt_vocab_size if c.share_embeddings else 0))
+    assert result.mistakes == ["param_group_wrong"]
+    assert "generator 0 (built model 60)" in result.report
+
+
+def test_the_stub_and_a_wrong_return_type_are_named():
+    def stub(config):
+        raise NotImplementedError("return a dict with one int per name in GROUPS")
+
+    assert quiet(stub).mistakes == ["not_implemented"]
+    assert quiet(lambda config: 975488).mistakes == ["param_not_a_dict"]
+    missing = quiet(lambda config: {k: 0 for k in GROUPS[:-1]})
+    assert missing.mistakes == ["param_not_a_dict"] and "generator" in missing.report
+
+
+def test_building_a_tx_model_is_reported_and_the_blocks_are_restored():
+    def builds(config):
+        with torch.device("meta"):
+            model = tx.Transformer(config)
+        return {k: 0 for k in GROUPS} | {"embeddings": tx.count_parameters(model)}
+
+    def counts_a_layer(config):
+        tx.MultiHeadAttention(config.d_model, config.n_heads)
+        return by_modules(config)
+
+    assert quiet(builds).mistakes == ["param_built_model"]
+    assert quiet(counts_a_layer).mistakes == ["param_built_model"]
+    assert tx.count_parameters(tx.Transformer(tx.ModelConfig(n_layers=1))) > 0  # restored
+
+
+def test_every_new_mistake_has_text_and_a_hint():
+    keys = [k for k in labkit.MISTAKES if k.startswith("param_")]
+    assert len(keys) == 10
+    for key in keys:
+        text, hint = labkit.MISTAKES[key]
+        assert text and hint
