@@ -54,8 +54,9 @@ def _attention_axes(masked: bool, d_model: int | None = None, ndim: int = 4):
     return axes
 
 
-_ATTN_SHAPES = ("q, k: (N, H, L_q, d_k) and (N, H, L_k, d_k); scores q @ k.transpose(-2, -1): "
-                "(N, H, L_q, L_k); mask broadcasts to the scores; output (N, H, L_q, d_v)")
+_ATTN_SHAPES = ("q and k are (N, H, L_q, d_k) and (N, H, L_k, d_k); the scores are "
+                "(N, H, L_q, L_k); the mask broadcasts to the scores; the output is "
+                "(N, H, L_q, d_v)")
 
 
 def check_attention(fn, *, verbose: bool = True) -> CheckResult:

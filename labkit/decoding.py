@@ -9,12 +9,13 @@ from tx_helpers.masks import padding_mask
 from tx_helpers.model import Transformer
 
 from .compare import _as_output, _compare
+from .localize_decode import DecodeTrace, localise_decode
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 PAD, BOS, EOS, MAX_LEN = 0, 1, 2, 6
-_SHAPES = ("src (N, L_src); memory = model.encode(src, src_mask) is (N, L_src, d_model); "
-           "hidden = model.decode(ys, memory, src_mask) is (N, L, d_model); "
-           "model.generator(hidden[:, -1]) is (N, V) and its argmax(dim=-1) is (N,)")
+_SHAPES = ("src is (N, L_src) and the encoder's memory (N, L_src, d_model); decoding a prefix "
+           "of L tokens gives hidden states (N, L, d_model); the last position's logits are "
+           "(N, V) and the next tokens (N,)")
 
 
 def _greedy_variant(model, src, *, position="last", feed_back=True, after_eos="pad",
@@ -103,11 +104,13 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
         modes = []
         hooks = [m.register_forward_pre_hook(lambda mod, _args: modes.append(mod.training))
                  for m in (model.encoder, model.decoder)]
+        trace = DecodeTrace(model)
         try:
             out = _call(report, f"fn(model, src (4, 6), bos_idx={BOS}, eos_idx={EOS}, "
                         f"max_len={MAX_LEN})", fn, model, _SRC.clone(), bos_idx=BOS,
                         eos_idx=EOS, max_len=MAX_LEN, shape_hint=_SHAPES)
         finally:
+            trace.remove()
             for h in hooks:
                 h.remove()
         out = _as_output(report, out, "the generated ids")
@@ -132,10 +135,57 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
             report.note("trailing all-PAD columns were ignored: stopping once every row has "
                         "produced EOS saves the remaining steps")
         random = "decode_no_eval" in report.found  # dropout: no variant can line up
-        _compare(report, f"the ids {tuple(expected.shape)} match tx.greedy_decode", trimmed,
-                 expected, None if random else _DECODE_AXES,
-                 lambda **kw: _greedy_variant(model, _SRC, **kw))
+        ok = _compare(report, f"the ids {tuple(expected.shape)} match tx.greedy_decode", trimmed,
+                      expected, None if random else _DECODE_AXES,
+                      lambda **kw: _greedy_variant(model, _SRC, **kw))
         if random:
             report.found.pop("mismatch", None)
+        elif not ok:
+            _localise(report, trace, out.long(), model, _SRC)
+        else:
+            _isolating_runs(report, fn, model, expected)
 
     return _run_check("check_greedy_decode", body, verbose, fn)
+
+
+def _localise(report: _Report, trace: DecodeTrace, out, model, src) -> None:
+    """Which part of the loop differs (only when no known variant explained the ids)."""
+    generic = {"mismatch", "wrong_output_shape"}
+    if set(report.found) <= generic:
+        localise_decode(report, trace, out, model, src, pad=PAD, bos=BOS, eos=EOS,
+                        max_len=MAX_LEN)
+        if set(report.found) - generic:
+            for key in generic:
+                report.found.pop(key, None)
+
+
+def _isolating_runs(report: _Report, fn, model, expected) -> None:
+    """Two more runs that change nothing for a correct loop: every logit lowered by 10 (the
+    argmax is the same; PAD and BOS excluded with a 0 would now win) and the rows in the order
+    they finish (the first row finishing first; a loop stopping on row 0 now stops early)."""
+    finish = [int(row.tolist().index(EOS)) if EOS in row.tolist() else row.numel()
+              for row in expected]
+    order = torch.tensor(sorted(range(len(finish)), key=finish.__getitem__))
+    for what, src, shift in (("with every logit lowered by 10 (the same argmax) the ids match "
+                              "too", _SRC, -10.0),
+                             ("with the rows in the order they finish the ids match too",
+                              _SRC[order], 0.0)):
+        model.eval()
+        trace = DecodeTrace(model)
+        with torch.no_grad():
+            model.generator.bias.add_(shift)
+        try:
+            out = _call(report, f"fn(model, src, ...) {what.split(' the ids')[0]}", fn, model,
+                        src.clone(), bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN,
+                        shape_hint=_SHAPES)
+            model.eval()
+            want = greedy_decode(model, src, bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN)
+        finally:
+            trace.remove()
+            with torch.no_grad():
+                model.generator.bias.sub_(shift)
+        out = _as_output(report, out, "the generated ids").long()
+        if not _compare(report, what, _trim(out), want):
+            _localise(report, trace, out, model, src)
+            return
+

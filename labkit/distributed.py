@@ -28,39 +28,44 @@ from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 MISTAKES.update({
     "dist_per_rank_mean": ("each rank takes the mean over its own tokens",
-                           "DDP gives every rank weight 1/W, so a rank with few tokens weighs "
-                           "each of them more; sum this rank's token losses and scale by "
-                           "world_size / global_tokens"),
+                           "DDP averages the ranks' gradients with equal weight, whatever their "
+                           "token counts; the global mean weighs every token equally"),
     "dist_missing_world_size": ("the loss is sum / global_tokens without the factor world_size",
-                                "DDP divides the summed gradients by world_size: multiply by "
-                                "world_size so the average comes out as sum / global_tokens"),
+                                "DDP divides the summed gradients by the number of ranks; the "
+                                "per-rank loss has to make up for that"),
     "dist_pads_counted": ("padding positions are counted in the loss",
-                          "ignore the targets equal to pad_idx (ignore_index=pad_idx)"),
+                          "padding positions are not predictions: they are left out of the loss"),
     "dist_plain_sum": ("the loss is a plain sum over the rank's tokens",
-                       "divide by global_tokens / world_size, the global token count per rank"),
+                       "a plain sum grows with the batch: the loss must be normalised by the "
+                       "global token count"),
     "dist_wrong_value": ("the rank's loss differs from sum over its tokens * world_size / "
-                         "global_tokens", "compare the value with that formula, rank by rank"),
+                         "global_tokens",
+                         "compare your rank's value with the per-rank share of the global mean, "
+                         "rank by rank"),
     "amp_clip_before_unscale": ("the gradients were clipped while still multiplied by the "
-                                "loss scale", "call scaler.unscale_(optimizer) before "
-                                "clip_grad_norm_, so the norm is that of the true gradients"),
+                                "loss scale",
+                                "while the gradients still carry the loss scale, their norm is "
+                                "that of the scaled gradients, not the true ones"),
     "amp_no_unscale": ("the gradients are never unscaled before clipping",
-                       "call scaler.unscale_(optimizer) between backward and clipping"),
+                       "clipping must see the true gradients, so the loss scale has to be taken "
+                       "out first"),
     "amp_update_before_step": ("scaler.update() ran before scaler.step(optimizer)",
-                               "step first (it skips a step whose gradients overflowed), then "
-                               "update the scale for the next step"),
+                               "the scaler decides whether to skip the step from this step's "
+                               "gradients, and only then adapts the scale"),
     "amp_optimizer_step_bypasses_scaler": ("optimizer.step() was called directly",
-                                           "call scaler.step(optimizer): it skips the step when "
-                                           "a gradient is inf or NaN"),
+                                           "an update must go through the scaler, which skips it "
+                                           "when a gradient is inf or NaN"),
     "amp_no_loss_scaling": ("backward ran on the unscaled loss",
-                            "call scaler.scale(loss).backward(): small float16 gradients "
-                            "underflow to 0 without the scale"),
+                            "small float16 gradients underflow to zero unless the loss is scaled "
+                            "up before backward"),
     "amp_no_update": ("scaler.update() is never called",
-                      "call scaler.update() after scaler.step(optimizer), once per step"),
+                      "the scale adapts once per step, after the update"),
     "amp_overflow_not_skipped": ("a step with an infinite loss changed the weights",
-                                 "let scaler.step(optimizer) decide: it skips the step when "
-                                 "the gradients hold inf or NaN"),
+                                 "a step whose gradients hold inf or NaN must leave the weights "
+                                 "unchanged: the scaler decides that"),
     "amp_grad_norm": ("the returned gradient norm is not the norm of the true gradients before "
-                      "clipping", "return what clip_grad_norm_ returns, after unscale_"),
+                      "clipping",
+                      "the norm to return is that of the true gradients, measured before clipping"),
 })
 
 

@@ -44,8 +44,8 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
                          "FFN(x) = max(0, x W1 + b1) W2 + b2)")
             report.mistake("ffn_no_bias", f"{' and '.join(no_bias)} built with bias=False")
         out = _as_output(report, _call(report, "forward(x)", module, x.clone(),
-                                       shape_hint="linear1: d_model -> d_ff, "
-                                       "linear2: d_ff -> d_model"))
+                                       shape_hint="linear1 maps d_model to d_ff, "
+                                       "linear2 maps d_ff back to d_model"))
 
         def variant(act="relu", out_act=False, residual=False):
             h = ref.linear1(x)

@@ -36,7 +36,7 @@ MISTAKES.update({
         "this is the word error rate (share of words with any error), not the phone error rate",
         "count edits (insertions, deletions, substitutions), not wrong words"),
     "per_not_a_number": ("the function did not return a number",
-                         "return one float: total errors / total reference phones"),
+                         "return one float: the total errors over the total reference phones"),
 })
 
 # (predictions, references): each case separates the right rate from the wrong versions

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compare import _as_output, _close, _compare, _max_diff
+from .localize_loss import localise_smoothing
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 _SHAPES = ("logits (M, V) raw scores, target (M,) class ids; return a scalar tensor (the mean "
@@ -105,6 +106,11 @@ def check_label_smoothing(fn, *, verbose: bool = True) -> CheckResult:
                            expected.detach(), _LS_AXES, variant)
         if not report.probe(not detached, "the loss carries a gradient (loss.backward() works)"):
             report.mistake("loss_detached")
+        if not main_ok and report.only_mismatch():  # which part: the reduction or the target
+            localise_smoothing(report, fn, eps, pad, v)
+            if not report.only_mismatch():
+                report.found.pop("mismatch", None)
+                raise _Failed
         # a second eps: the argument is used
         if main_ok:
             out2 = run(report, logits.detach(), target, "fn(..., eps=0.05, pad_idx=1)", 0.05)

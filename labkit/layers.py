@@ -75,7 +75,7 @@ def _layer_probes(report, module, ref, run_mine, run_ref, variant, axes, subs, w
         if not _close(got, call(getattr(ref, name))):
             report.mistake("submodule_differs", f"self.{name} alone gives other numbers than "
                            f"the reference" + _sub_diagnosis(name, mine), f"run the check for "
-                           f"{name} first (check_multi_head_attention / check_feed_forward)")
+                           f"{name} first (check_multi_head_attention or check_feed_forward)")
 
 
 _LAYER_SHAPES = ("x (N, L_tgt, d_model), memory (N, L_src, d_model); self-attention gets "

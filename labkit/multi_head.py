@@ -65,9 +65,9 @@ def _mha_axes(masked: bool):
     return axes
 
 
-_MHA_SHAPES = ("query (N, L_q, d_model), key/value (N, L_k, d_model); heads (N, H, L, d_k); "
-               "scores (N, H, L_q, L_k); the check passes masks (N, L_q, L_k) and (N, 1, L_k): "
-               "add the head axis with mask.unsqueeze(1)")
+_MHA_SHAPES = ("query (N, L_q, d_model), key and value (N, L_k, d_model); heads (N, H, L, d_k); "
+               "scores (N, H, L_q, L_k); the check passes masks (N, L_q, L_k) and (N, 1, L_k), "
+               "which need a head axis to broadcast over the heads")
 
 
 def _reference_mha(d_model, n_heads, seed=3):

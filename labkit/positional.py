@@ -283,8 +283,8 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                 return
         out = _as_output(report, _call(report, "forward(x) with x (N=3, L=7, d_model)",
                                        module, x.clone(),
-                                       shape_hint="slice the table to the input length: "
-                                       "self.pe[:x.size(1)]"))
+                                       shape_hint="the table has max_len rows; an input of "
+                                       "length L uses its first L rows"))
         expected = x + ref[:7]
         axes = dict(_PE_AXES)
         axes["extra"] = [None, ("pe_scales_input", "scale"), ("pe_seq_first", "seq_first")]

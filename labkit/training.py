@@ -16,11 +16,12 @@ from .compare import (
     _close,
     _compare,
 )
+from .localize_loss import StepTrace, localise_step
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
-_STEP_SHAPES = ("batch = (src (N, L_src), tgt_in (N, L_tgt), tgt_out (N, L_tgt)); logits = "
-                "model(src, tgt_in) is (N, L_tgt, V); flatten to (N * L_tgt, V) and "
-                "(N * L_tgt,) for the criterion")
+_STEP_SHAPES = ("the batch is (src (N, L_src), tgt_in (N, L_tgt), tgt_out (N, L_tgt)); the "
+                "logits are (N, L_tgt, V); the criterion takes (N * L_tgt, V) and "
+                "(N * L_tgt,)")
 
 
 def _step_batches(n_steps: int, gen) -> list:
@@ -118,10 +119,16 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
             order = "scheduler, criterion" if legacy else "criterion, scheduler"
             for i, batch in enumerate(batches):
                 args = (scheduler, criterion) if legacy else (criterion, scheduler)
-                returned.append(_call(report, f"step {i + 1}: fn(model, batch, optimizer, "
-                                      f"{order}, clip_norm={clip})", fn, model, batch,
-                                      optimizer, *args, clip_norm=clip,
-                                      shape_hint=_STEP_SHAPES))
+                trace = StepTrace(model, optimizer, scheduler) if i == 0 else None
+                try:
+                    returned.append(_call(report, f"step {i + 1}: fn(model, batch, optimizer, "
+                                          f"{order}, clip_norm={clip})", fn, model, batch,
+                                          optimizer, *args, clip_norm=clip,
+                                          shape_hint=_STEP_SHAPES))
+                finally:
+                    if trace is not None:
+                        left_norm = trace.after()
+                        first = trace
             report.probe(True, f"{n_steps} steps ran without an exception")
             ref_losses, ref_norms, ref_params = variant()
             params = flat(model)
@@ -154,6 +161,14 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
                     "labels": [2, ("labels_not_shifted", 1)]}
             _compare(report, f"the weights after {n_steps} steps match the reference", params,
                      ref_params, axes, lambda **kw: variant(**kw)[2])
+            if report.found:  # which part of the step: its calls, order, mode, clipping
+                named = set(report.found)
+                localise_step(report, first, left_norm, pairs[0] if pairs else None,
+                              float(ref_losses[0]), clip, int((batches[0][2] != 0).sum()))
+                if set(report.found) - named:
+                    report.found.pop("mismatch", None)
+                    if "clip_after_step" in report.found:
+                        report.found.pop("no_clipping", None)
 
     return _run_check("check_train_step", body, verbose, fn)
 

@@ -303,16 +303,16 @@ def test_mha_correct_variants_pass(cls):
 
 @pytest.mark.parametrize("cls, key, word", [
     (MHAViewNoTranspose, "heads_view_without_transpose", "without transpose"),
-    (MHAHeadsAxis, "heads_view_without_transpose", "transpose(1, 2)"),
+    (MHAHeadsAxis, "heads_view_without_transpose", "before the position axis"),
     (MHAMergeNoTranspose, "heads_merge_without_transpose", "merged back"),
-    (MHANoContiguous, "missing_contiguous", "call .contiguous() after transpose, or use reshape"),
+    (MHANoContiguous, "missing_contiguous", "needs contiguous memory"),
     (MHANoOutput, "no_output_projection", "w_o is not used"),
     (MHAScaleDModel, "scale_sqrt_d_model", "sqrt(d_model)"),
     (MHANoScale, "no_scaling", "not scaled"),
     (MHAMaskInverted, "mask_inverted", "inverted"),
     (MHAMaskZero, "mask_fill_zero", "filled with 0"),
     (MHAKeyWithWq, "unused_projection", "self.w_k has no effect"),
-    (MHANoHeadAxis, "mask_needs_head_axis", "unsqueeze(1)"),
+    (MHANoHeadAxis, "mask_needs_head_axis", "broadcast over the heads"),
     (MHADropoutInEval, "dropout_in_eval", "eval mode"),
     (MHAOtherNames, "attribute_error", "w_q"),
     (MHAThreeLinears, "missing_weights", "w_o"),
@@ -443,7 +443,7 @@ def test_pe_correct_variants_pass(impl):
     (make_pe(halves=True), "pe_concatenated", "interleaved"),
     (PEParameter, "pe_not_buffer", "nn.Parameter"),
     (PEScalesInput, "pe_scales_input", "sqrt(d_model)"),
-    (PENoSlice, "shape_error", "pe[:x.size(1)]"),
+    (PENoSlice, "shape_error", "its first L rows"),
     (PENoTableNoForward, "pe_sin_cos_swapped", "swapped"),
 ])
 def test_pe_mistakes_are_named(impl, key, word):
@@ -499,7 +499,7 @@ def test_masks_correct_variants_pass():
     (dict(lookahead_fn=lambda n: torch.triu(torch.full((n, n), float("-inf")), 1)),
      "mask_not_bool", "additive"),
     (dict(padding_fn=lambda s, p: (s == 0).unsqueeze(1)), "pad_idx_ignored", "pad_idx"),
-    (dict(padding_fn=lambda s, p: s == p), "padding_mask_shape", "unsqueeze(1)"),
+    (dict(padding_fn=lambda s, p: s == p), "padding_mask_shape", "a query axis of size one"),
     (dict(padding_fn=lambda s, p: (s != p).unsqueeze(1)), "mask_inverted", "inverted"),
     (dict(decoder_fn=lambda t, p: tx.lookahead_mask(t.size(1)).expand(t.size(0), -1, -1)),
      "decoder_mask_no_padding", "no padding"),
@@ -956,8 +956,8 @@ def test_train_step_correct_variants_pass(fn):
 
 @pytest.mark.filterwarnings("ignore:Detected call of")
 @pytest.mark.parametrize("kwargs, key, word", [
-    (dict(zero_grad=False), "no_zero_grad", "zero_grad()"),
-    (dict(clip=False), "no_clipping", "clip_grad_norm_"),
+    (dict(zero_grad=False), "no_zero_grad", "start from zero gradients"),
+    (dict(clip=False), "no_clipping", "clips the gradient norm"),
     (dict(schedule="never"), "scheduler_not_stepped", "never stepped"),
     (dict(schedule="before"), "scheduler_before_optimizer", "next step's learning rate"),
     (dict(dec_in="tgt_out"), "decoder_reads_labels", "copy the answer"),
