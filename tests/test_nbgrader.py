@@ -4,8 +4,10 @@
 autogrades three submissions (correct, one mistake, untouched) against a SQLite gradebook and
 generates feedback. Full, partial and zero scores are asserted, and the feedback HTML must
 name the mistake. Needs ``requirements-teacher.txt`` (``make test-teacher`` installs it);
-skipped with the reason where nbgrader is missing.
+skipped with the reason where nbgrader is missing. The exported content (written questions,
+collapsed prediction graders, the checks each exercise gets) is asserted in-process without it.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -16,13 +18,22 @@ from pathlib import Path
 import nbformat
 import pytest
 
-nbgrader = pytest.importorskip(
-    "nbgrader", reason="nbgrader is not installed: `make test-teacher` installs "
-    "requirements-teacher.txt into .venv and runs this test")
+needs_nbgrader = pytest.mark.skipif(
+    importlib.util.find_spec("nbgrader") is None,
+    reason="nbgrader is not installed: `make test-teacher` installs requirements-teacher.txt "
+    "into .venv and runs this test")
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = "05_masks"
 BIN = Path(sys.executable).parent
+
+
+def _lab_total(stem: str = LAB) -> dict:
+    from labkit.course import labinfo, scoring
+
+    path = ROOT / "notebooks" / f"{stem}.ipynb"
+    settings = scoring.lab_settings(scoring.load_labs(), stem[:2])
+    return scoring.lab_points(labinfo.lab_info(nbformat.read(path, as_version=4)), settings)
 
 
 def _run(args, cwd):
@@ -74,6 +85,7 @@ def graded(tmp_path_factory):
     return course
 
 
+@needs_nbgrader
 def test_scores_full_partial_and_zero(graded):
     from nbgrader.api import Gradebook
 
@@ -81,12 +93,14 @@ def test_scores_full_partial_and_zero(graded):
         scores = {s: gb.find_submission(LAB, s).score for s in ("correct", "mistake",
                                                                   "untouched")}
         top = gb.find_assignment(LAB).max_score
-    assert top == 6.5  # notebooks/labs.toml: 3 exercises x 1 + 7 predictions x 0.5
-    assert scores["correct"] == top, scores
+    assert top == _lab_total()["total"]  # notebooks/labs.toml's points, as make grade's
+    by_hand = _lab_total()["written"]  # the written answers wait for the teacher's marks
+    assert scores["correct"] == top - by_hand, scores
     assert 0 < scores["mistake"] < top, scores
     assert scores["untouched"] == 0, scores  # its predictions are stubs too
 
 
+@needs_nbgrader
 def test_feedback_names_the_mistake(graded):
     html = (graded / "feedback" / "mistake" / LAB / f"{LAB}.html").read_text()
     assert "diagonal=0" in html and "a token cannot attend" in html
@@ -95,6 +109,7 @@ def test_feedback_names_the_mistake(graded):
     assert "Exercise lookahead_mask: 1/1" in correct
 
 
+@needs_nbgrader
 def test_student_version_hides_solutions_and_locks_cells(graded):
     nb = nbformat.read(graded / "release" / LAB / f"{LAB}.ipynb", as_version=4)
     answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
@@ -111,11 +126,16 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
     points = [c.metadata["nbgrader"]["points"] for c in tests]
     exercises = [c.metadata["nbgrader"]["points"] for c in tests
                  if "-test-" in c.metadata["nbgrader"]["grade_id"]]
-    assert exercises == [1, 1, 1] and sum(points) == 6.5, points
+    parts = _lab_total()
+    assert sum(exercises) == parts["exercises"] and sum(points) == parts["total"], points
+    graders = [c for c in nb.cells if "check_prediction(" in c.source]
+    assert graders and all(c.metadata.get("jupyter", {}).get("source_hidden")
+                           for c in graders), "a prediction grading cell opens unfolded"
     assert all(c.metadata["nbgrader"]["locked"] for c in nb.cells
                if not c.metadata["nbgrader"]["solution"])
 
 
+@needs_nbgrader
 def test_every_lab_exports(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
                            str(tmp_path)], check=True, capture_output=True, text=True)
@@ -124,6 +144,7 @@ def test_every_lab_exports(tmp_path):
     assert shutil.which("nbgrader", path=str(BIN))
 
 
+@needs_nbgrader
 def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
     """The exporter's points are notebooks/labs.toml's, as in make grade: 0.5 per prediction
     (also when one cell checks several), 00, 01 and 13 exported, hand-marked exercises named."""
@@ -147,3 +168,69 @@ def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
                           capture_output=True, text=True)
     assert "marked by hand (no automatic check): 1. MyEncoder.forward" in proc.stdout
     assert "MyEncoder" in (tmp_path / "README.md").read_text()
+
+
+# ---------------------------------------------------------------- the exported content, in-process
+
+def _exported(stem: str):
+    from labkit.course import nbgrader_export as nc
+
+    manual: list[str] = []
+    nb, total = nc.export_notebook(ROOT / "notebooks" / f"{stem}.ipynb", None, manual)
+    return nb, total, manual
+
+
+def _stem(prefix: str) -> str:
+    return next(p.stem for p in sorted((ROOT / "notebooks").glob(f"{prefix}_*.ipynb")))
+
+
+def test_each_written_question_is_a_manually_graded_answer_with_its_points():
+    from labkit.course import labinfo, markup, scoring
+
+    for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")):
+        nb, total, _ = _exported(path.stem)
+        want = scoring.lab_settings(scoring.load_labs(), path.stem[:2])["points"]["written"]
+        questions = labinfo.lab_info(nbformat.read(path, as_version=4))["written"]
+        for i, cell in enumerate(nb.cells):
+            if markup.is_written_question(cell):
+                answer = nb.cells[i + 1].metadata.get("nbgrader", {})
+                assert nb.cells[i + 1].cell_type == "markdown", (path.stem, i)
+                assert answer.get("solution") and answer.get("grade"), (path.stem, i, answer)
+                assert answer["points"] == want and not answer["locked"], (path.stem, answer)
+        written = [c for c in nb.cells if "-written-" in c.metadata.get("nbgrader", {}).get(
+            "grade_id", "")]
+        assert len(written) == len(questions), (path.stem, len(written), len(questions))
+        assert total == _lab_total(path.stem)["total"], path.stem
+
+
+def test_prediction_grading_cells_are_collapsed_in_the_export():
+    nb, _, _ = _exported(LAB)
+    graders = [c for c in nb.cells if "check_prediction(" in c.source]
+    assert graders
+    for cell in graders:
+        assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, cell.source[:80]
+        assert cell.metadata["nbgrader"]["grade"], "a prediction grader is a test cell"
+
+
+def test_notebook_12s_exercises_are_autograded_by_the_checks_it_calls():
+    nb, _, manual = _exported(_stem("12"))
+    assert manual == [], manual
+    tests = [c.source for c in nb.cells if "-test-" in c.metadata.get("nbgrader", {}).get(
+        "grade_id", "")]
+    assert any("check=_grading.check_token_mean_loss" in s for s in tests), tests
+    assert any("check=_grading.check_amp_step" in s for s in tests), tests
+
+
+def test_an_exercise_no_check_covers_stays_hand_marked():
+    _, _, manual = _exported(_stem("06"))
+    assert any("MyEncoder" in m for m in manual), manual
+
+
+def test_docs_points_table_is_what_the_exporter_does():
+    from labkit.course import nbgrader_export as nc
+
+    text = (ROOT / "docs" / "nbgrader.md").read_text(encoding="utf-8")
+    assert nc.points_table() in text, (
+        "docs/nbgrader.md's points table is stale: run "
+        "`.venv/bin/python -m labkit.course.nbgrader_export --update-doc`")
+    assert "13 has none" not in text and "12's `token_mean_loss` and `amp_step`." not in text

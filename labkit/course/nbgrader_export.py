@@ -21,8 +21,15 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
 - each cell that calls ``check_prediction`` becomes a test cell worth the lab's prediction
   points (``notebooks/labs.toml``, or ``--prediction-points``) times the predictions it
   checks; the score is that times the share of them that are right;
-- an exercise no check covers (06's ``MyEncoder`` and ``MyDecoder``) makes its answer cell a
-  *manually graded answer* with its points, and the README and the run say so;
+- an exercise whose name pairs with no check is graded by the check the notebook calls on it
+  (12's ``check_amp_step(amp_step)``); one no check covers (06's ``MyEncoder`` and
+  ``MyDecoder``) makes its answer cell a *manually graded answer* with its points, and the
+  README and the run say so;
+- each written question (a ``**Write.**`` markdown cell) is followed by a *manually graded*
+  markdown answer cell worth the lab's written points (its rubric is in the teacher key); an
+  ungraded drill question (tag ``answer-space``) gets an answer cell with no points;
+- the cells that call ``check_prediction`` are collapsed (``jupyter.source_hidden``): their
+  code names the answer, so the student version runs them unopened;
 - every other cell is *read-only* (locked); markdown answers (the ``<details>`` blocks) and
   teacher-only cells are left out, as in ``notebooks/exercises/``;
 - lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell
@@ -77,6 +84,7 @@ PREDICTION_TAIL = '''
 # Autograded ({points:g} point{s}: {count} prediction{ps} x {each:g}); the last line is the score.
 _marks = _grading.mark_predictions(_grading.history()[_before:], points_each=1)
 {points!r} * (sum(_m.score for _m in _marks) / len(_marks) if _marks else 0.0)'''
+WRITTEN_ANSWER = "YOUR ANSWER HERE"  # nbgrader's own placeholder in a markdown answer cell
 MANUAL_NOTE = ("# Marked by hand ({points:g} point{s}): no automatic check covers {names}; "
                "the notebook's own checks above and below show whether it works.\n")
 
@@ -100,6 +108,30 @@ def _check_label(name: str, is_class: bool) -> str | None:
         dummy.__name__ = name
     found = find_checks({name: dummy}, module=None)
     return found[0][0] if found else None
+
+
+def _notebook_check(info: dict, name: str) -> str | None:
+    """The check the notebook itself calls on ``name`` alone (``labkit.check_amp_step(amp_step)``,
+    literal options allowed), for an exercise whose name pairs with no check."""
+    import ast
+
+    for c in info["checks"]:
+        try:
+            call = ast.parse(c["call"]).body[0].value
+        except (SyntaxError, IndexError, AttributeError):
+            continue
+        plain = [a for a in call.args if isinstance(a, ast.Name)] == call.args
+        if (c["subjects"] == [name] and plain and [a.id for a in call.args] == [name]
+                and not any(isinstance(k.value, ast.Name) for k in call.keywords)):
+            return c["check"]
+    return None
+
+
+def _check_for(info: dict, top: str, classes: set[str]) -> tuple[str | None, bool]:
+    """(check, paired by name?) for the exercise's class or function ``top``."""
+    if _check_label(top, top in classes) is not None:
+        return "by name", True
+    return _notebook_check(info, top), False
 
 
 def _classes(source: str) -> set[str]:
@@ -164,6 +196,7 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     nb = nbformat.read(path, as_version=4)
     settings = scoring.lab_settings(scoring.load_labs(), path.stem[:2])["points"]
     each = float(settings["exercise"])
+    written_points = float(settings["written"])
     if prediction_points is None:
         prediction_points = float(settings["prediction"])
     info = labinfo.lab_info(nb)
@@ -207,8 +240,7 @@ def export_notebook(path: Path, prediction_points: float | None = None,
             cells.append(cell)
             classes = _classes(cell.source)
             unchecked = [i for i in items_by_cell[index]
-                         if _check_label(i["name"].split(".")[0],
-                                         i["name"].split(".")[0] in classes) is None]
+                         if _check_for(info, i["name"].split(".")[0], classes)[0] is None]
             if unchecked:  # a manually graded answer: nbgrader asks the teacher for a score
                 points = each * len(unchecked)
                 names = ", ".join(f"{i['number']}. {i['name']}" for i in unchecked)
@@ -220,11 +252,13 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                     manual.append(names)
             for name in defined_names(cell.source):
                 items = [i for i in items_by_cell[index] if i["name"].split(".")[0] == name]
-                if not items or _check_label(name, name in classes) is None:
+                check, by_name = _check_for(info, name, classes)
+                if not items or check is None:
                     continue
                 points = each * len(items)
                 total += points
-                options = "".join(f", {k}={v!r}" for k, v in check_options(
+                options = "" if by_name else f", check=_grading.{check}"
+                options += "".join(f", {k}={v!r}" for k, v in check_options(
                     all_code, name).items())
                 source = TEST_CELL.format(
                     points=points, s="" if points == 1 else "s", name=name, options=options,
@@ -250,16 +284,62 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 points=points, s="" if points == 1 else "s", count=count,
                 ps="" if count == 1 else "s", each=prediction_points)
             cell.metadata["nbgrader"] = _meta("test", gid("prediction"), points)
+            # its code names the answer and the usual wrong ones: run it unopened
+            cell.metadata.setdefault("jupyter", {})["source_hidden"] = True
             total += points
         else:
             cell.metadata["nbgrader"] = _meta("readonly", gid("locked"))
         cells.append(cell)
+        tags = nb.cells[index].get("metadata", {}).get("tags") or []
+        if markup.is_written_question(nb.cells[index]) or markup.ANSWER_SPACE_TAG in tags:
+            graded = markup.is_written_question(nb.cells[index])
+            answer = nbformat.v4.new_markdown_cell(WRITTEN_ANSWER)
+            answer.metadata["nbgrader"] = _meta("solution", gid("written" if graded else "drill"))
+            if graded:  # a manually graded answer: the teacher marks it with the key's rubric
+                answer.metadata["nbgrader"].update(grade=True, points=written_points)
+                total += written_points
+            cells.append(answer)
     for cell in cells:
         if nb.nbformat_minor < 5:
             cell.pop("id", None)
     nb.cells = cells
     nb.metadata.pop("widgets", None)
     return nb, total
+
+
+DOC = ROOT / "docs" / "nbgrader.md"
+POINTS_BEGIN = ("<!-- BEGIN GENERATED POINTS: python -m labkit.course.nbgrader_export "
+                "--update-doc writes this table -->")
+POINTS_END = "<!-- END GENERATED POINTS -->"
+
+
+def points_table(root: Path = ROOT) -> str:
+    """The points of every exported lab, as docs/nbgrader.md shows them (generated)."""
+    rows = ["| Lab | Points | Autograded | Marked by hand |", "|---|---|---|---|"]
+    labs_toml = scoring.load_labs(root)
+    for path in labs(root):
+        manual: list[str] = []  # "1. MyEncoder.forward, 3. MyDecoder.forward" per answer cell
+        _, total = export_notebook(path, None, manual)
+        info = labinfo.lab_info(nbformat.read(path, as_version=4))
+        settings = scoring.lab_settings(labs_toml, path.stem[:2])
+        parts = scoring.lab_points(info, settings)
+        hand_items = sum(len(m.split(", ")) for m in manual)
+        hand_code = settings["points"]["exercise"] * hand_items
+        hand = [f"{len(info['written'])} written answer(s), {parts['written']:g} pt"
+                ] if info["written"] else []
+        if manual:
+            hand.append(f"{'; '.join(manual)}, {hand_code:g} pt")
+        rows.append(f"| `{path.stem}` | {total:g} | {total - parts['written'] - hand_code:g} pt: "
+                    f"{len(info['exercises']) - hand_items} exercise(s), "
+                    f"{len(info['predictions'])} prediction(s) | {'; '.join(hand) or 'nothing'} |")
+    return "\n".join([POINTS_BEGIN, *rows, POINTS_END])
+
+
+def doc_text(root: Path = ROOT) -> str:
+    """docs/nbgrader.md with its generated points table replaced."""
+    text = (root / "docs" / "nbgrader.md").read_text(encoding="utf-8")
+    head, rest = text.split(POINTS_BEGIN, 1)
+    return head + points_table(root) + rest.split(POINTS_END, 1)[1]
 
 
 def labs(root: Path = ROOT) -> list[Path]:
@@ -277,7 +357,13 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=600, help="seconds per cell")
     parser.add_argument("--prediction-points", type=float, default=None,
                         help="points per graded prediction (default: notebooks/labs.toml)")
+    parser.add_argument("--update-doc", action="store_true",
+                        help="rewrite the points table of docs/nbgrader.md, and nothing else")
     args = parser.parse_args(argv)
+    if args.update_doc:
+        DOC.write_text(doc_text(), encoding="utf-8")
+        print(f"wrote the points table of {DOC.relative_to(ROOT)}")
+        return 0
     chosen = [p for p in labs() if args.only is None or p.stem in args.only]
     if args.only and len(chosen) != len(args.only):
         missing = set(args.only) - {p.stem for p in chosen}
