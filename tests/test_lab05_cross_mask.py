@@ -1,0 +1,100 @@
+"""Notebook 05's cross-attention mask lab, graded by labkit.check_masks(cross_fn=...).
+
+Correct masks written independently of tx (every shape that broadcasts to (N, L_tgt, L_src))
+pass; each usual mistake is named; the notebook's own solution passes and keeps its contract
+(the errors name the argument, what it got and what was expected).
+"""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import labkit
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "05_masks.ipynb"
+
+
+def quiet(**kwargs):
+    return labkit.check_masks(**kwargs, verbose=False)
+
+
+def full_by_repeat(src, tgt, pad_idx):
+    return (src == pad_idx)[:, None, :].repeat(1, tgt.size(1), 1)  # (N, L_tgt, L_src), a copy
+
+
+def thin_by_view(src, tgt, pad_idx):
+    return src.eq(pad_idx).view(src.size(0), 1, src.size(1))  # (N, 1, L_src)
+
+
+def four_d(src, tgt, pad_idx):
+    return (src == pad_idx)[:, None, None, :]  # (N, 1, 1, L_src)
+
+
+def full_by_or(src, tgt, pad_idx):
+    empty = torch.zeros(src.size(0), tgt.size(1), src.size(1), dtype=torch.bool, device=src.device)
+    return torch.logical_or(empty, (src == pad_idx).unsqueeze(-2))  # (N, L_tgt, L_src)
+
+
+@pytest.mark.parametrize("fn", [full_by_repeat, thin_by_view, four_d, full_by_or])
+def test_correct_cross_masks_pass(fn):
+    result = quiet(cross_fn=fn)
+    assert result.passed, result.report
+
+
+def built_on_cpu(src, tgt, pad_idx):
+    key = torch.zeros(src.shape, dtype=torch.bool)  # the CPU by default, whatever src's device
+    key[src.cpu() == pad_idx] = True
+    return key[:, None, :].expand(-1, tgt.size(1), -1)
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda s, t, p: (s == p)[:, None, :].expand(-1, s.size(1), -1), "cross_mask_shape"),
+    (lambda s, t, p: (t == p)[:, None, :], "cross_mask_uses_tgt"),
+    (lambda s, t, p: (s == p)[:, None, :]
+     | torch.ones(t.size(1), s.size(1), dtype=torch.bool).triu(1), "cross_mask_lookahead"),
+    (lambda s, t, p: (s != p)[:, None, :].expand(-1, t.size(1), -1), "mask_inverted"),
+    (lambda s, t, p: (s == p)[:, None, :].float() * -1e9, "mask_not_bool"),
+])
+def test_cross_mask_mistakes_are_named(fn, key):
+    result = quiet(cross_fn=fn)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_a_cross_mask_built_off_the_inputs_device_is_named_when_devices_are_graded():
+    assert quiet(cross_fn=built_on_cpu).passed  # a note only, by default
+    result = labkit.check_masks(cross_fn=built_on_cpu, devices=True, verbose=False)
+    assert not result.passed and "mask_device_ignored" in result.mistakes, result.report
+
+
+def _notebook_masks():
+    """The solved notebook's four mask functions, run from its own cells."""
+    namespace = {"torch": torch}
+    names = ("def padding_mask(", "def lookahead_mask(", "def decoder_self_mask(",
+             "def cross_attention_mask(")
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith(names):
+            exec(source, namespace)  # noqa: S102 - the project's own notebook
+    assert all(n[4:-1] in namespace for n in names), "a mask exercise is missing from 05"
+    return namespace
+
+
+def test_the_notebooks_solution_passes_and_keeps_its_contract():
+    ns = _notebook_masks()
+    result = labkit.check_masks(ns["padding_mask"], ns["lookahead_mask"], ns["decoder_self_mask"],
+                                ns["cross_attention_mask"], devices=True, verbose=False)
+    assert result.passed, result.report
+    src = torch.tensor([[4, 5, 1], [6, 1, 1]])  # (N=2, L_src=3)
+    tgt = torch.tensor([[2, 7, 8, 1], [2, 9, 1, 1]])  # (N=2, L_tgt=4)
+    mask = ns["cross_attention_mask"](src, tgt, 1)
+    assert mask.shape == (2, 4, 3) and torch.equal(mask, (src == 1)[:, None, :].expand(2, 4, 3))
+    cases = ((lambda: ns["cross_attention_mask"](src, tgt[:1], 1), ("tgt", "(1, 4)", "2")),
+             (lambda: ns["padding_mask"](src[0], 1), ("seq", "(3,)", "(N, L)")),
+             (lambda: ns["lookahead_mask"](0), ("size", "positive", "0")))
+    for call, words in cases:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert all(w in str(err.value) for w in words), str(err.value)
