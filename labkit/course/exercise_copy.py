@@ -42,10 +42,19 @@ NOTE_HEAD = """\
 
 
 NOTE_RUN_ALL = """\
-> **Run All stops at the first stub you have not filled in:** that cell raises
+> **Run All stops at the first stub you have not filled in** ({where}): that cell raises
 > `NotImplementedError` and the cells after it stay blank. Fill in the stub and run its cell,
 > then continue with *Run > Run Selected Cell and All Below*; or run the cells one by one,
 > skipping those that use an unfinished exercise."""
+
+
+NOTE_RUN_TO_END = """\
+> **Run All runs to the end with the stubs unfilled:** a stub raises `NotImplementedError`
+> only when its check calls it, and the check reports it as not written yet. Fill in a stub,
+> run its cell, then the check cell below it."""
+NOTE_PROOFS = """\
+> **Check yourself:** answer each question before you run the cells under it; their code is
+> collapsed because it proves the answers."""
 
 
 def fingerprint(nb) -> str:
@@ -107,7 +116,15 @@ def note_text(solved_name: str, info: dict) -> str:
                      + ("the exercises (through their checks) and " if exercises else "")
                      + "the predictions.")
     if exercises:
-        parts.append(NOTE_RUN_ALL)
+        stop = info.get("run_all_stop")
+        if stop:
+            where = next((f"`{e['name']}`" for e in exercises if e["name"].split(".")[0]
+                          == stop["name"]), "a cell that runs a stub at its top level")
+            parts.append(NOTE_RUN_ALL.format(where=f"the first is {where}"))
+        else:
+            parts.append(NOTE_RUN_TO_END)
+    if info.get("proof_cells"):
+        parts.append(NOTE_PROOFS)
     return "\n>\n".join(parts)
 
 
@@ -141,8 +158,8 @@ def make_exercise(nb, solved_name: str):
                 source = source.rstrip("\n") + "\n" + PREDICTION_FLOW
             cell.source = source
             _clean_code_cell(cell)
-            if is_prediction_grader(original):
-                hide_source(cell)
+            if is_prediction_grader(original) or index in info["proof_cells"]:
+                hide_source(cell)  # its code names the answer: run it, read it afterwards
         elif cell.cell_type == "markdown":
             source = strip_answers(cell.source)
             if not source.strip():

@@ -202,7 +202,47 @@ def lab_info(nb) -> dict:
         item["number"] = number
     return {"sections": section_titles(nb), "exercises": exercises, "checks": checks,
             "predictions": predictions, "ungraded_predictions": sorted(pending),
-            "written": written, "drill": drill}
+            "written": written, "drill": drill, "run_all_stop": run_all_stop(nb, exercises),
+            "proof_cells": proof_cells(nb)}
+
+
+def _top_level_calls(tree) -> set[str]:
+    """Names called in a cell's top-level code (not inside a def, class or lambda)."""
+    found: set[str] = set()
+    stack = list(tree.body) if tree else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            found.add(node.func.id)
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def run_all_stop(nb, exercises: list[dict]) -> dict | None:
+    """Where Run All on the exercise copy first raises ``NotImplementedError``, read from the
+    code: a stub in a cell's top-level code, or the first top-level call of an exercise's
+    function or class (a check given the function itself catches the stub and reports it).
+    ``{"cell": index, "name": exercise}``, or None: Run All runs to the end."""
+    tops = {e["name"].split(".")[0]: e for e in exercises}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        here = [e for e in exercises if e["cell"] == index]
+        if any(e["name"] == "top-level code" for e in here):
+            return {"cell": index, "name": "top-level code"}
+        for name in sorted(_top_level_calls(parse_cell(cell.source)) & set(tops)):
+            if tops[name]["cell"] <= index:
+                return {"cell": index, "name": name}
+    return None
+
+
+def proof_cells(nb) -> list[int]:
+    """Code cells under a "Check yourself" heading: they prove the answers the copies drop."""
+    return [index for index, section, _ in cell_sections(nb)
+            if nb.cells[index].cell_type == "code"
+            and section.lower().startswith("check yourself")]
 
 
 def _loaded_names(tree) -> set[str]:
