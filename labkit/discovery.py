@@ -19,6 +19,7 @@ from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .quiz import check_shape_quiz
 from .report import CheckResult
+from .silent_bugs import check_init_embeddings, check_shift_targets
 from .training import check_train_step
 
 _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
@@ -53,7 +54,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
     ``*beam*`` (a beam-search step), ``*bucket*`` (13's length-bucketed batches),
-    ``*short_run*`` (13's training call), ``*quiz*`` (the shape quiz: a function returning the
+    ``*short_run*`` (13's training call), ``*shift_target*`` and ``*init_embedding*``
+    (10's lab), ``*quiz*`` (the shape quiz: a function returning the
     answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
     :func:`check_masks`).
@@ -100,6 +102,11 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 found.append((f"check_g2p_batches({name})", _bind(check_g2p_batches, obj)))
             elif "shortrun" in key:
                 found.append((f"check_g2p_training({name})", _bind(check_g2p_training, obj)))
+            elif "shifttarget" in key:
+                found.append((f"check_shift_targets({name})", _bind(check_shift_targets, obj)))
+            elif "initembedding" in key:
+                found.append((f"check_init_embeddings({name})",
+                              _bind(check_init_embeddings, obj)))
             elif "parametercount" in key:
                 found.append((f"check_parameter_counts({name})",
                               _bind(check_parameter_counts, obj)))

@@ -1,0 +1,203 @@
+"""Notebook 10's lab: three suspects, each with one bug that does not crash, and the checks of
+the learner's fixes.
+
+The suspects come as a colleague's code would: a model, a batch maker and an initialiser that
+run, train and look right. Each bug shows under one measurement that notebook 10 teaches, and
+under none of the others (``tests/test_silent_bugs.py`` runs them all):
+
+- :func:`suspect_model`: a ``tx.Transformer`` whose cross-attention applies its mask after
+  the softmax (self-attention is right): appending pads to the source changes the outputs;
+- :func:`suspect_batches`: reverse-task batches whose labels are not shifted against the
+  decoder input: after a short run the teacher-forced accuracy is near 1 while free-running
+  generation stays poor;
+- :func:`suspect_init`: an initialiser that leaves the embedding tables with standard
+  deviation 1: the attention entropy at initialisation collapses.
+
+The fixes: an attention core (``labkit.check_attention``), :func:`check_shift_targets` and
+:func:`check_init_embeddings`.
+"""
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import torch
+from torch import nn
+
+from tx_helpers import attention as _attention
+from tx_helpers.attention import MultiHeadAttention
+from tx_helpers.model import Transformer
+
+from .mistakes import MISTAKES
+from .report import CheckResult, _call, _Report, _run_check
+
+#: the measurement that exposes each suspect (the lab's graded answers; the test re-measures)
+EXPOSED_BY = {"A": "pads", "B": "gap", "C": "entropy"}
+MEASUREMENTS = ("future", "pads", "gap", "entropy")
+
+MISTAKES.update({
+    "shift_unshifted": (
+        "the decoder input and the labels are the same slice of the target, so the decoder "
+        "reads the token it must predict",
+        "the decoder input starts with the start token and stops one short of the end; the "
+        "labels are the same sequence one step later"),
+    "shift_reversed": (
+        "the shift goes the wrong way: the decoder input is the later slice",
+        "the labels are the later slice: the decoder predicts each next token"),
+    "shift_wrong_length": (
+        "the decoder input and the labels do not both have one position fewer than the target",
+        "each of the two drops exactly one token of the full target"),
+    "init_embeddings_unit": (
+        "the embedding tables still have a standard deviation near 1, so the scaled embeddings "
+        "dwarf the positions and the attention saturates at initialisation",
+        "give the tables a scale that shrinks with the model width, as the weight matrices have"),
+    "init_embeddings_other": (
+        "the embedding tables do not have a width-dependent scale (their standard deviation is "
+        "far from the expected one)",
+        "the tables' standard deviation should be about the inverse square root of the width"),
+    "init_touches_other_weights": (
+        "the function changed weights other than the two embedding tables",
+        "re-initialise only the encoder's and the decoder's embedding tables"),
+})
+
+
+# ---------------------------------------------------------------- suspect A: the model
+
+def _late_mask_core(q, k, v, mask=None, dropout=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., L_q, L_k)
+    weights = torch.softmax(scores, dim=-1)  # (..., L_q, L_k)
+    if mask is not None:
+        weights = weights.masked_fill(mask, 0.0)  # masked keys end at weight 0
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ v, weights  # (..., L_q, d_v), (..., L_q, L_k)
+
+
+class _ColleagueCrossAttention(MultiHeadAttention):
+    """The colleague's cross-attention: tx's module with its own attention core."""
+
+    def forward(self, query, key, value, mask=None, cache=None):
+        with mock.patch.object(_attention, "scaled_dot_product_attention", _late_mask_core):
+            return super().forward(query, key, value, mask, cache)
+
+
+def suspect_model(config, seed: int = 0) -> Transformer:
+    """Suspect A: a ``tx.Transformer(config)`` built under ``seed`` by a colleague."""
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    for layer in model.decoder.layers:
+        layer.cross_attn.__class__ = _ColleagueCrossAttention
+    return model
+
+
+# ---------------------------------------------------------------- suspect B: the batches
+
+_SLICES = {"tgt_in": slice(0, -1), "tgt_out": slice(0, -1)}  # the colleague's config
+
+
+def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
+                    length: int = 8, bos: int = 1, eos: int = 2):
+    """Suspect B: reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n_batches):
+        src = torch.randint(3, vocab, (batch_size, length), generator=g)  # (N, L)
+        tgt = torch.cat([torch.full((batch_size, 1), bos), src.flip(1),
+                         torch.full((batch_size, 1), eos)], dim=1)  # (N, L + 2)
+        yield src, tgt[:, _SLICES["tgt_in"]], tgt[:, _SLICES["tgt_out"]]  # (N, L + 1) each
+
+
+# ---------------------------------------------------------------- suspect C: the initialiser
+
+_INIT = {"matrices": "xavier", "embeddings": "normal"}  # the colleague's config
+
+
+def suspect_init(model: Transformer) -> Transformer:
+    """Suspect C: a colleague's re-initialisation of ``model`` (in place; returns it)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2:
+                continue
+            kind = _INIT["embeddings"] if name.endswith("embedding.weight") else _INIT["matrices"]
+            if kind == "xavier":
+                nn.init.xavier_uniform_(p)
+            else:
+                nn.init.normal_(p)
+    return model
+
+
+# ---------------------------------------------------------------- checks of the fixes
+
+def check_shift_targets(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(tgt) -> (tgt_in, tgt_out)`` for full targets ``<bos> y <eos>`` (N, L + 2)."""
+
+    def body(report: _Report):
+        for n, length in ((2, 5), (3, 1)):
+            tgt = torch.cat([torch.ones(n, 1, dtype=torch.long),
+                             torch.arange(3, 3 + n * length).view(n, length),
+                             torch.full((n, 1), 2)], dim=1)  # (N, L + 2)
+            out = _call(report, f"fn(tgt) on a ({n}, {length + 2}) target", fn, tgt.clone())
+            ok = isinstance(out, tuple) and len(out) == 2
+            want_in, want_out = tgt[:, :-1], tgt[:, 1:]
+            if ok and torch.equal(out[0], want_in) and torch.equal(out[1], want_out):
+                report.probe(True, f"({n}, {length + 2}) target: tgt_in is <bos> + y, tgt_out "
+                             "is y + <eos>")
+                continue
+            report.probe(False, f"({n}, {length + 2}) target: tgt_in and tgt_out differ from "
+                         "the shifted pair")
+            if not ok or any(not isinstance(t, torch.Tensor) or t.shape != want_in.shape
+                             for t in out):
+                report.mistake("shift_wrong_length")
+            elif torch.equal(out[0], out[1]):
+                report.mistake("shift_unshifted")
+            elif torch.equal(out[0], want_out) and torch.equal(out[1], want_in):
+                report.mistake("shift_reversed")
+            else:
+                report.mistake("mismatch")
+            return
+
+    return _run_check("check_shift_targets", body, verbose, fn)
+
+
+def _entropy(model, src) -> float:
+    with torch.no_grad():
+        model.encode(src)
+    w = torch.stack([layer.self_attn.attn_weights for layer in model.encoder.layers])
+    return -torch.xlogy(w, w).sum(-1).mean().item()  # nats, mean over layers, heads, queries
+
+
+def check_init_embeddings(fn, *, config=None, verbose: bool = True) -> CheckResult:
+    """Check ``fn(model)``: re-initialise the two embedding tables with a width-dependent scale."""
+    from tx_helpers.config import ModelConfig
+
+    config = config or ModelConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, n_heads=4,
+                                   d_ff=64, n_layers=2, dropout=0.0, pad_idx=0, max_len=32)
+
+    def body(report: _Report):
+        torch.manual_seed(0)
+        reference = Transformer(config).eval()
+        model = Transformer(config).eval()
+        model.load_state_dict(reference.state_dict())
+        suspect_init(model)  # the learner's function starts from the colleague's tables
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        _call(report, "fn(model)", fn, model)
+        tables = {n for n in start if n.endswith("embedding.weight")}
+        others = [n for n, p in model.named_parameters()
+                  if n not in tables and not torch.equal(p, start[n])]
+        stds = {n: p.std().item() for n, p in model.named_parameters() if n in tables}
+        want = config.d_model ** -0.5
+        good = all(0.4 * want <= s <= 2.5 * want for s in stds.values())
+        if not report.probe(good, f"both embedding tables have a standard deviation near "
+                            f"d_model^-0.5 = {want:.2f}"):
+            unit = any(s > 0.6 for s in stds.values())
+            report.mistake("init_embeddings_unit" if unit else "init_embeddings_other",
+                           ", ".join(f"{n}: {s:.2f}" for n, s in sorted(stds.items())))
+        src = torch.randint(3, config.src_vocab_size, (8, 8), generator=torch.Generator()
+                            .manual_seed(1))  # (N, L)
+        got, ref = _entropy(model, src), _entropy(reference, src)
+        report.probe(got >= 0.75 * ref, "the attention entropy at initialisation is close to "
+                     "tx's own model's")
+        if others:
+            report.probe(False, "no other parameter changed")
+            report.mistake("init_touches_other_weights", ", ".join(others[:3]))
+
+    return _run_check("check_init_embeddings", body, verbose, fn)

@@ -1,0 +1,156 @@
+"""labkit.silent_bugs (notebook 10's lab): each suspect is exposed by its one measurement, and
+the checks of the fixes pass correct code and name the usual mistakes."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import labkit
+import tx_helpers as tx
+from labkit import silent_bugs as sb
+
+V, PAD, BOS, EOS, L = 16, 0, 1, 2, 8
+
+
+def config(**kw):
+    return tx.ModelConfig(**{**dict(src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4,
+                                    d_ff=64, n_layers=2, dropout=0.0, pad_idx=PAD, max_len=32),
+                             **kw})
+
+
+def good_batches(n, batch_size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        src = torch.randint(3, V, (batch_size, L), generator=g)
+        tgt = torch.cat([torch.full((batch_size, 1), BOS), src.flip(1),
+                         torch.full((batch_size, 1), EOS)], 1)
+        yield src, tgt[:, :-1], tgt[:, 1:]
+
+
+SRC, TGT_IN, TGT_OUT = next(good_batches(1, 64, seed=9))
+
+
+# ---------------------------------------------------------------- the four measurements
+
+def pads_change(model):
+    padded = F.pad(SRC, (0, 3), value=PAD)
+    with torch.no_grad():
+        return (model(SRC, TGT_IN) - model(padded, TGT_IN)).abs().max().item() > 1e-4
+
+
+def sees_future(model, t=3):
+    changed = TGT_IN.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 1 - 3) % (V - 3) + 3
+    with torch.no_grad():
+        return (model(SRC, TGT_IN)[:, t] - model(SRC, changed)[:, t]).abs().max().item() > 1e-4
+
+
+def entropy(model):
+    with torch.no_grad():
+        model.encode(SRC)
+    w = torch.stack([layer.self_attn.attn_weights for layer in model.encoder.layers])
+    return -torch.xlogy(w, w).sum(-1).mean().item()
+
+
+def gap(batches, steps=60):
+    torch.manual_seed(0)
+    model = tx.Transformer(config())
+    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda e: 1e-2 * min((e + 1) / 30, math.sqrt(30 / (e + 1))))
+    h = tx.train(model, itertools.islice(batches, steps), opt, sched, label_smoothing=0.0)
+    ys = tx.greedy_decode(model, SRC, bos_idx=BOS, eos_idx=EOS, max_len=L + 1)
+    pred = F.pad(ys[:, 1:], (0, L + 2 - ys.size(1)), value=PAD)
+    free = (pred == TGT_OUT).float().mean().item()
+    forced = sum(h.accuracy[-10:]) / 10
+    return forced > 0.9 and free < forced - 0.3
+
+
+def test_suspect_a_is_exposed_by_the_pads_only():
+    model = sb.suspect_model(config()).eval()
+    torch.manual_seed(0)
+    clean = tx.Transformer(config()).eval()
+    assert pads_change(model) and not pads_change(clean)
+    assert not sees_future(model)
+    assert entropy(model) == pytest.approx(entropy(clean))
+    assert sb.EXPOSED_BY["A"] == "pads"
+
+
+def test_suspect_b_is_exposed_by_the_teacher_forced_gap_only():
+    assert gap(sb.suspect_batches(60)) and not gap(good_batches(60))
+    src, tgt_in, tgt_out = next(sb.suspect_batches(1))
+    assert src.shape == (32, L) and tgt_in.shape == tgt_out.shape == (32, L + 1)
+    assert sb.EXPOSED_BY["B"] == "gap"
+
+
+def test_suspect_c_is_exposed_by_the_entropy_only():
+    torch.manual_seed(0)
+    clean = tx.Transformer(config()).eval()
+    model = sb.suspect_init(tx.Transformer(config())).eval()
+    assert entropy(model) < 0.75 * entropy(clean)
+    assert not pads_change(model) and not sees_future(model)
+    assert sb.EXPOSED_BY["C"] == "entropy"
+    assert set(sb.EXPOSED_BY.values()) < set(sb.MEASUREMENTS)
+
+
+def test_the_late_mask_core_is_named_by_check_attention():
+    result = labkit.check_attention(sb._late_mask_core, verbose=False)
+    assert not result.passed and "mask_after_softmax" in result.mistakes
+
+
+# ---------------------------------------------------------------- the target shift
+
+def test_a_correct_shift_passes():
+    def shift(tgt):
+        n = tgt.size(1)
+        return tgt.narrow(1, 0, n - 1), tgt.narrow(1, 1, n - 1)
+
+    assert labkit.check_shift_targets(shift, verbose=False).passed
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda t: (t[:, :-1], t[:, :-1]), "shift_unshifted"),
+    (lambda t: (t[:, 1:], t[:, :-1]), "shift_reversed"),
+    (lambda t: (t, t[:, 1:]), "shift_wrong_length"),
+    (lambda t: (t[:, :-1], t[:, 1:] + 1), "mismatch"),
+])
+def test_each_shift_mistake_is_named(fn, key):
+    result = labkit.check_shift_targets(fn, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+# ---------------------------------------------------------------- the embedding init
+
+def scaled_normal(model):
+    for emb in (model.encoder.embedding, model.decoder.embedding):
+        torch.nn.init.normal_(emb.weight, std=emb.embedding_dim ** -0.5)
+
+
+def xavier(model):
+    for emb in (model.encoder.embedding, model.decoder.embedding):
+        torch.nn.init.xavier_uniform_(emb.weight)
+
+
+@pytest.mark.parametrize("fn", [scaled_normal, xavier])
+def test_a_correct_init_passes(fn):
+    result = labkit.check_init_embeddings(fn, verbose=False)
+    assert result.passed, result.report
+
+
+def test_each_init_mistake_is_named():
+    assert "init_embeddings_unit" in labkit.check_init_embeddings(
+        lambda m: None, verbose=False).mistakes
+    assert "init_embeddings_other" in labkit.check_init_embeddings(
+        lambda m: [torch.nn.init.normal_(e.weight, std=0.01)
+                   for e in (m.encoder.embedding, m.decoder.embedding)], verbose=False).mistakes
+
+    def everything(model):
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.1)
+
+    assert "init_touches_other_weights" in labkit.check_init_embeddings(
+        everything, verbose=False).mistakes
