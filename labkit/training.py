@@ -130,6 +130,9 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
                         left_norm = trace.after()
                         first = trace
             report.probe(True, f"{n_steps} steps ran without an exception")
+            if not report.probe(bool(first.modes) and all(first.modes),
+                                "the forward pass runs in train mode"):
+                report.mistake("step_eval_mode")
             ref_losses, ref_norms, ref_params = variant()
             params = flat(model)
             if not report.probe(not torch.equal(params, flat(fresh()[0])),
