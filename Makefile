@@ -82,8 +82,9 @@ exercises: setup
 
 # What a student gets: dist/transformer-labs/ and dist/transformer-labs.zip (exercise copies,
 # tx_helpers, requirements, a README; no solved notebook, no teacher key).
+# LABS="05 09": only those labs; GRADED=1: nbgrader's student version, Hint 1 only, no proofs.
 handout: setup
-	$(BIN)/python -m labkit.course.handout
+	$(BIN)/python -m labkit.course.handout $(if $(LABS),--labs $(LABS)) $(if $(filter 1 yes true,$(GRADED)),--graded)
 
 # One teacher key per lab in teacher/keys/ (git-ignored): solutions, answers, predictions,
 # each check's mistakes. For the teacher only.

@@ -771,3 +771,78 @@ def test_study_estimates_leave_time_for_every_graded_and_drill_item():
         if minutes < need:
             short.append(f"{path.name}: about {minutes} min for items that need {need}")
     assert not short, "\n".join(short)
+
+
+# ------------------------------------------------------------- issue 29: the bar on the real labs
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem for p in SOLVED])
+def test_no_visible_cell_answers_a_prediction(path):
+    """Nothing the learner sees before a prediction's answer cell shows its expected value:
+    prose, unfolded code, or what a cell prints (labkit.course.audit's rule)."""
+    from labkit.course import audit
+
+    found = audit.visible_answers(_read(path))
+    assert not found, "answers visible before the answer cell: " + "; ".join(
+        f"{v['prediction']} = {v['value']} in cell {v['cell']}'s {v['where']}" for v in found)
+
+
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem for p in SOLVED])
+def test_no_hint_tier_is_nearly_the_code(path):
+    from labkit.course import audit
+
+    found = audit.copying_hints(_read(path))
+    assert not found, "hint tiers whose code covers most of the solution: " + "; ".join(
+        f"cell {h['cell']} {h['tier']} ({h['cover']:.0%})" for h in found)
+
+
+@pytest.fixture(scope="module")
+def graded_handout(tmp_path_factory):
+    return make_handout.build(tmp_path_factory.mktemp("graded"), ROOT, ["05", "09"], True)
+
+
+def test_graded_handout_carries_only_the_chosen_labs(graded_handout):
+    folder, archive = graded_handout
+    names = sorted(p.name[:2] for p in (folder / "notebooks").glob("*.ipynb"))
+    assert names == ["05", "09"], names
+    assert "This is a graded handout" in (folder / "README.md").read_text()
+    with pytest.raises(ValueError, match="no notebook numbered"):
+        make_handout.build(folder.parent / "x", ROOT, ["99"], True)
+
+
+def test_graded_handout_has_only_the_first_hint_and_no_answers(graded_handout):
+    folder, _ = graded_handout
+    for path in sorted((folder / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        solved = _read(ROOT / "notebooks" / path.name)
+        text = "\n".join(c.source for c in nb.cells)
+        assert re.search(r"<summary>\s*Hint 1", text), path.name  # the idea stays
+        assert not re.search(r"<summary>\s*Hint [2-9]", text), path.name
+        assert "### BEGIN SOLUTION" not in text and "### PREDICTION" not in text
+        for cell in solved.cells:
+            for region in regions.find_regions(cell.source):
+                code = regions.solution_code(cell.source, region).strip()
+                longest = max(code.split("\n"), key=len).strip()
+                assert len(longest) < 12 or longest not in text, (path.name, longest)
+        proofs = [solved.cells[i].source for i in labinfo.lab_info(solved)["proof_cells"]]
+        assert not any(p.strip() and p in text for p in proofs), path.name
+        graders = [c for c in nb.cells if "check_prediction(" in c.source]
+        assert graders and all(c.metadata["jupyter"]["source_hidden"] for c in graders)
+        answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+        assert answers and all("raise NotImplementedError()" in c.source
+                               or c.source == "YOUR ANSWER HERE" for c in answers)
+        written = [c for c in answers if c.cell_type == "markdown"]
+        assert len(written) == len(labinfo.lab_info(solved)["written"]), path.name
+
+
+def test_first_hints_only_keeps_the_idea_and_drops_later_tiers():
+    text = ("Hints:\n\n<details><summary>Hint 1: the idea</summary>compare</details>\n\n"
+            "<details><summary>Hint 2: where it was shown</summary>cell 5</details>\n"
+            "<details><summary>Answer</summary>kept for the copy's own rules</details>")
+    out = make_handout.first_hints_only(text)
+    assert "Hint 1: the idea" in out and "Hint 2" not in out and "Answer" in out
+
+
+def test_make_handout_passes_labs_and_graded():
+    recipe = (ROOT / "Makefile").read_text().split("\nhandout:", 1)[1].split("\n\n", 1)[0]
+    assert "$(if $(LABS),--labs $(LABS))" in recipe
+    assert "$(if $(filter 1 yes true,$(GRADED)),--graded)" in recipe

@@ -21,16 +21,26 @@ every run.
 
   python -m labkit.course.handout               # dist/transformer-labs/ and its .zip
   python -m labkit.course.handout --out DIR     # DIR/transformer-labs/ and DIR/transformer-labs.zip
+  python -m labkit.course.handout --labs 05 09 --graded   # make handout LABS="05 09" GRADED=1
+
+``--labs`` keeps only the chosen labs' notebooks. ``--graded`` makes the notebooks nbgrader's
+student version of those labs (the ``make nbgrader`` export with its solutions cleared, so
+submissions autograde against the teacher's course folder): only Hint 1 (the idea) of each
+hint, no Check-yourself proof cell, the prediction grading cells collapsed, and a manually
+graded answer cell after each written question.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import zipfile
 from pathlib import Path
 
-from labkit.course import exercise_copy, layout, markup  # noqa: E402
+import nbformat
+
+from labkit.course import exercise_copy, labinfo, layout, markup, nbgrader_export, regions
 
 ROOT = layout.ROOT
 NAME = "transformer-labs"
@@ -72,9 +82,10 @@ use WSL 2 with Ubuntu and the same commands. Nothing needs a GPU.
 
 ## Working through a lab
 
-- Run the cells from the top. *Run All* stops at the first stub you have not filled in (that
-  cell raises `NotImplementedError` and the cells after it stay blank): fill it in, run it,
-  then use *Run > Run Selected Cell and All Below*.
+- Run the cells from the top. Each notebook's top note says whether *Run All* stops at the
+  first stub you have not filled in (when a cell runs it, it raises `NotImplementedError` and
+  the cells after it stay blank: fill it in, run it, then use *Run > Run Selected Cell and
+  All Below*) or runs to the end (the stub's check reports it as not written yet).
 - **Predict.** cells: replace the `...` in `name = ...  # your prediction` with your answer and
   run it *before* the next cell, which grades your answer and shows the true value.
 - After you fill in a stub, run the check cell below it, e.g.
@@ -85,14 +96,86 @@ use WSL 2 with Ubuntu and the same commands. Nothing needs a GPU.
 """
 
 
-def build(out_root: Path, root: Path = ROOT) -> tuple[Path, Path]:
-    """Write ``out_root/transformer-labs/`` and ``out_root/transformer-labs.zip``."""
+GRADED_README = """
+## This is a graded handout
+
+The notebooks are your teacher's graded version (nbgrader's student version): each hint
+shows only its first tier, the idea; the cells that prove the Check-yourself answers are
+left out; a cell that grades a prediction is collapsed (run it, do not open it first). Write
+your code where a cell says `# YOUR CODE HERE`, your prediction under `# Your prediction:`,
+and your written answers where a cell says `YOUR ANSWER HERE`. Keep the other cells as
+they are: your teacher's grader matches the cells by their hidden ids.
+"""
+HINT_NUMBER = re.compile(r"\AHint\s+(?P<n>\d+)", re.IGNORECASE)
+STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]  # nbgrader's code stub
+
+
+def first_hints_only(text: str) -> str:
+    """Markdown without the hint tiers past the first (``<details>`` "Hint 2: ...", ...)."""
+    for start, end, depth in reversed(markup.details_blocks(text)):
+        m = HINT_NUMBER.match(markup.summary_text(text[start:end]) or "")
+        if depth == 0 and m and int(m.group("n")) > 1:
+            text = text[:start] + text[end:]
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
+
+
+def _cleared(source: str) -> str:
+    """A solution cell as nbgrader's student version has it: each region is the stub."""
+    lines = source.split("\n")
+    for region in reversed(regions.find_regions(source)):
+        lines[region.begin:region.end + 1] = [region.indent + s for s in STUB]
+    return "\n".join(lines)
+
+
+def graded_notebook(path: Path):
+    """The graded student version of one lab (see the module's docstring)."""
+    nb, _ = nbgrader_export.export_notebook(path)
+    proofs = set(labinfo.proof_cells(nb))
+    cells = []
+    for index, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if index in proofs and not meta.get("grade") and not meta.get("solution"):
+            continue  # its code proves a Check-yourself answer
+        if cell.cell_type == "markdown":
+            cell.source = first_hints_only(cell.source)
+        elif meta.get("solution"):
+            cell.source = _cleared(cell.source)
+        elif meta.get("grade"):
+            cell.source = regions.strip_hidden_tests(cell.source)
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
+def _lab_paths(root: Path, labs: list[str] | None) -> list[Path]:
+    paths = layout.solved_notebooks(root)
+    if labs is None:
+        return paths
+    chosen = [p for p in paths if p.name[:2] in labs]
+    missing = sorted(set(labs) - {p.name[:2] for p in chosen})
+    if missing:
+        raise ValueError(f"labs: no notebook numbered {missing}; expected two-digit numbers "
+                         f"of {[p.name[:2] for p in paths]}")
+    return chosen
+
+
+def build(out_root: Path, root: Path = ROOT, labs: list[str] | None = None,
+          graded: bool = False) -> tuple[Path, Path]:
+    """Write ``out_root/transformer-labs/`` and ``out_root/transformer-labs.zip``: the chosen
+    labs (all by default), as exercise copies or, ``graded``, as the graded student version."""
     folder, archive = out_root / NAME, out_root / f"{NAME}.zip"
     if folder.exists():
         shutil.rmtree(folder)
     (folder / "notebooks").mkdir(parents=True)
-    for path, text in exercise_copy.expected_exercises(root).items():
-        (folder / "notebooks" / path.name).write_text(text, encoding="utf-8")
+    chosen = _lab_paths(root, labs)
+    if graded:
+        for path in chosen:
+            nbformat.write(graded_notebook(path), folder / "notebooks" / path.name)
+    else:
+        names = {p.name for p in chosen}
+        for path, text in exercise_copy.expected_exercises(root).items():
+            if path.name in names:
+                (folder / "notebooks" / path.name).write_text(text, encoding="utf-8")
     shutil.copytree(root / "tx_helpers", folder / "tx_helpers", ignore=SKIP)
     shutil.copytree(root / "labkit", folder / "labkit",
                     ignore=shutil.ignore_patterns("course", *SKIP_PATTERNS))
@@ -100,7 +183,8 @@ def build(out_root: Path, root: Path = ROOT) -> tuple[Path, Path]:
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, folder / rel)
     shutil.copy2(root / OVERRIDES, folder / "jupyterlab-overrides.json")
-    (folder / "README.md").write_text(README, encoding="utf-8")
+    (folder / "README.md").write_text(README + (GRADED_README if graded else ""),
+                                      encoding="utf-8")
     if archive.exists():
         archive.unlink()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -116,11 +200,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: dist/)")
     parser.add_argument("--root", type=Path, default=ROOT, help="project root (default: here)")
+    parser.add_argument("--labs", nargs="+", metavar="NN", default=None,
+                        help="only these labs, by number (default: every lab)")
+    parser.add_argument("--graded", action="store_true",
+                        help="the graded version: nbgrader's student version, Hint 1 only, "
+                             "no Check-yourself proofs")
     args = parser.parse_args(argv)
     root = args.root.resolve()
+    labs = [n.zfill(2) for n in " ".join(args.labs).split()] if args.labs else None
     try:
-        folder, archive = build(args.out or root / DIST, root)
-    except markup.RegionError as exc:
+        folder, archive = build(args.out or root / DIST, root, labs, args.graded)
+    except ValueError as exc:  # markup.RegionError, or a lab that does not exist
         print(f"error: {exc}", file=sys.stderr)
         return 2
     n = len(list((folder / "notebooks").glob("*.ipynb")))

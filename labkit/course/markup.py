@@ -77,7 +77,7 @@ def is_prediction_cell(source: str) -> bool:
     return bool(preds) and not rest
 
 
-def _summary_text(block: str) -> str | None:
+def summary_text(block: str) -> str | None:
     """The plain text of the ``<summary>`` a ``<details ...>`` block opens with."""
     inner = re.sub(r"\A<details\b[^>]*>", "", block, flags=re.IGNORECASE)
     m = SUMMARY.match(inner)
@@ -115,7 +115,7 @@ def answer_blocks(text: str) -> list[tuple[int, int, str]]:
     """
     spans = []
     for start, end, _ in details_blocks(text):
-        if is_answer_summary(_summary_text(text[start:end])):
+        if is_answer_summary(summary_text(text[start:end])):
             spans.append((start, end, "details"))
     pos = 0
     while True:
