@@ -53,8 +53,14 @@ def test_numpy_and_tensor_integers_are_accepted():
     def as_tensor(config):
         return {k: torch.tensor(v) for k, v in by_modules(config).items()}
 
+    def with_total(config):
+        counts = by_modules(config)
+        return counts | {"total": sum(counts.values())}
+
     assert quiet(as_numpy).passed
     assert quiet(as_tensor).passed
+    result = quiet(with_total)
+    assert result.passed and "['total'] are not groups" in result.report
 
 
 def shifted(**changes):
