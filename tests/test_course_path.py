@@ -101,3 +101,32 @@ def test_cheatsheet_index_covers_every_question_of_11():
     assert len(questions) >= 30
     for q in questions:
         assert f"| {q} |" in text, f"{q} of notebook 11 is missing from the cheat sheet's index"
+
+
+SECTION_REF = re.compile(r"[Nn]otebook (\d\d)(?:'s)?,? \(?(?:its )?sections? (\d+[a-z]?)"
+                         r"(?:\s*(?:-|–|and|,)\s*(\d+[a-z]?))?")
+
+
+def _section_numbers(path: Path) -> set[str]:
+    """The numbers and names that start the notebook's headings ("3", "8c", "Deep", ...)."""
+    found = set()
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                m = re.match(r"#{1,4}\s+(\S+)", line)
+                if m:
+                    found.add(m.group(1).rstrip(".:"))
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_references_to_other_notebooks_name_sections_that_exist(path):
+    """Sections move into deep dives and get renumbered: 'notebook 10, section 9' must exist."""
+    sections = {p.stem[:2]: _section_numbers(p) for p in NOTEBOOKS}
+    stale = []
+    for i, cell in enumerate(json.loads(path.read_text(encoding="utf-8"))["cells"]):
+        for m in SECTION_REF.finditer("".join(cell["source"])):
+            for number in filter(None, m.groups()[1:]):
+                if m.group(1) in sections and number not in sections[m.group(1)]:
+                    stale.append(f"cell {i}: {m.group(0)!r} (no section {number} there)")
+    assert not stale, f"{path.name} points to sections that do not exist:\n  " + "\n  ".join(stale)
