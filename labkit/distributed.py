@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -212,59 +213,32 @@ def _loss(model, x, y, blow_up=False):
     return loss * math.inf if blow_up else loss
 
 
-def _right(loss, model, opt, scaler, clip):
-    opt.zero_grad()
+def _amp_step(loss, model, opt, scaler, clip, *, zero_grad=True, unscale="before_clip",
+              through_scaler=True):
+    """The right AMP step (the defaults) and its known wrong variants, one option each:
+    no zeroing, unscaling after clipping or never, ``optimizer.step()`` past the scaler."""
+    if zero_grad:
+        opt.zero_grad()
     scaler.scale(loss).backward()
-    scaler.unscale_(opt)
+    if unscale == "before_clip":
+        scaler.unscale_(opt)
     norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.step(opt)
+    if unscale == "after_clip":
+        scaler.unscale_(opt)
+    if through_scaler:
+        scaler.step(opt)
+    else:
+        opt.step()
     scaler.update()
     return norm
 
 
-def _clip_first(loss, model, opt, scaler, clip):
-    opt.zero_grad()
-    scaler.scale(loss).backward()
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.unscale_(opt)
-    scaler.step(opt)
-    scaler.update()
-    return norm
-
-
-def _no_unscale(loss, model, opt, scaler, clip):
-    opt.zero_grad()
-    scaler.scale(loss).backward()
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.step(opt)
-    scaler.update()
-    return norm
-
-
-def _bypass(loss, model, opt, scaler, clip):
-    opt.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    opt.step()
-    scaler.update()
-    return norm
-
-
-def _no_zero_grad(loss, model, opt, scaler, clip):
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    scaler.step(opt)
-    scaler.update()
-    return norm
-
-
-_AMP_VARIANTS = {
-    "no_zero_grad": _no_zero_grad,
-    "amp_clip_before_unscale": _clip_first,
-    "amp_no_unscale": _no_unscale,
-    "amp_optimizer_step_bypasses_scaler": _bypass,
+_right = _amp_step
+_AMP_VARIANTS = {  # mistake key -> the options of _amp_step that plant it
+    "no_zero_grad": {"zero_grad": False},
+    "amp_clip_before_unscale": {"unscale": "after_clip"},
+    "amp_no_unscale": {"unscale": "never"},
+    "amp_optimizer_step_bypasses_scaler": {"through_scaler": False},
 }
 
 
@@ -333,8 +307,8 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
         report.probe(norms_ok, "the returned gradient norms are the true (unscaled) norms "
                      "before clipping")
         if not same_w:
-            for key, variant in _AMP_VARIANTS.items():
-                w, _, _, _ = _run_steps(variant)
+            for key, options in _AMP_VARIANTS.items():
+                w, _, _, _ = _run_steps(functools.partial(_amp_step, **options))
                 if torch.allclose(got_w, w, rtol=1e-5, atol=1e-7):
                     report.mistake(key)
                     break

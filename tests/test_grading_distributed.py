@@ -86,77 +86,45 @@ def test_a_stub_and_a_crash_are_reported_not_raised():
 
 # ------------------------------------------------------------------------ AMP step
 
-def amp_step(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return norm
+def learner_step(*calls, returns="norm"):
+    """A learner's AMP step, typed as the calls in ``calls`` in that order (written apart from
+    the check's variants: a learner's mistake is a call moved, dropped or replaced)."""
+
+    def step(loss, model, optimizer, scaler, clip_norm):
+        grad_norm = None
+        for call in calls:
+            if call == "zero_grad":
+                optimizer.zero_grad(set_to_none=True)
+            elif call == "backward":
+                scaler.scale(loss).backward()
+            elif call == "backward, unscaled loss":
+                loss.backward()
+            elif call == "unscale":
+                scaler.unscale_(optimizer)
+            elif call == "clip":
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip_norm)
+            elif call == "scaler.step":
+                scaler.step(optimizer)
+            elif call == "optimizer.step":
+                optimizer.step()
+            elif call == "update":
+                scaler.update()
+        return clip_norm if returns == "clip_norm" else grad_norm
+    return step
 
 
-def clip_before_unscale(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.unscale_(optimizer)
-    scaler.step(optimizer)
-    scaler.update()
-    return norm
-
-
-def update_before_step(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.update()
-    scaler.step(optimizer)
-    return norm
-
-
-def bypass(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    optimizer.step()
-    scaler.update()
-    return norm
-
-
-def no_scaling(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    loss.backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return norm
-
-
-def no_update(loss, model, optimizer, scaler, clip_norm):
-    optimizer.zero_grad()
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.step(optimizer)
-    return norm
-
-
-def no_zero_grad(loss, model, optimizer, scaler, clip_norm):
-    scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return norm
-
-
-def norm_after_clip(loss, model, optimizer, scaler, clip_norm):
-    amp_step(loss, model, optimizer, scaler, clip_norm)
-    return clip_norm
+RIGHT = ("zero_grad", "backward", "unscale", "clip", "scaler.step", "update")
+amp_step = learner_step(*RIGHT)
+clip_before_unscale = learner_step("zero_grad", "backward", "clip", "unscale", "scaler.step",
+                                   "update")
+update_before_step = learner_step("zero_grad", "backward", "unscale", "clip", "update",
+                                  "scaler.step")
+bypass = learner_step("zero_grad", "backward", "unscale", "clip", "optimizer.step", "update")
+no_scaling = learner_step("zero_grad", "backward, unscaled loss", "unscale", "clip",
+                          "scaler.step", "update")
+no_update = learner_step(*RIGHT[:-1])
+no_zero_grad = learner_step(*RIGHT[1:])
+norm_after_clip = learner_step(*RIGHT, returns="clip_norm")
 
 
 def test_the_right_step_passes():
