@@ -333,7 +333,8 @@ def test_grade_script_without_exercise_metadata_grades_every_definition(tmp_path
     assert grade.main([str(path), "--out", str(out), "--timeout", "60", "--strict"]) == 1
     rows = list(csv.DictReader(out.open()))
     by = {r["check"]: r for r in rows}
-    assert len(by) == len(rows) == 3  # cells, attention, feed-forward: no check twice
+    assert len(by) == len(rows) == 4  # cells, attention, feed-forward, total: no check twice
+    assert by["total"]["max_points"] == "2"  # the per-student total of the automatic marks
     assert by["cells"]["mistakes"] == "1 cell(s) raised"
     assert by["check_attention(attention)"]["passed"] == "False"
     assert "no_scaling" in by["check_attention(attention)"]["mistakes"]
@@ -367,13 +368,14 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
     out = tmp_path / "grades.csv"
     assert grade.main([str(p) for p in paths] + ["--out", str(out), "--strict"]) == 1
     rows = [r for r in csv.DictReader(out.open())
-            if r["check"] not in ("cells", "none", "prediction")]
+            if r["check"] not in grade.NOT_MARKS + ("prediction",)]
     marks = {}
     for r in rows:
         got, total = marks.get(r["notebook"], (0, 0))
         marks[r["notebook"]] = (got + (r["passed"] == "True"), total + 1)
-    assert marks == {f"correct_{name}": (2, 2), f"wrong_{name}": (1, 2),
-                     f"untouched_{name}": (0, 2)}, rows
+    # three exercises: FeedForward, EncoderLayer and the Pre-LN extension
+    assert marks == {f"correct_{name}": (3, 3), f"wrong_{name}": (2, 3),
+                     f"untouched_{name}": (0, 3)}, rows
     wrong_rows = [r for r in rows if r["notebook"] == f"wrong_{name}" and r["passed"] == "False"]
     assert wrong_rows[0]["exercise"] == "2. EncoderLayer.forward"
     assert "missing_residual" in wrong_rows[0]["mistakes"]
@@ -381,5 +383,45 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
     summary = (tmp_path / "grades_summary.txt").read_text().split("\n")
     head = next(line for line in summary if line.startswith(f"correct_{name}: "))
     # code checks and predictions counted apart (the untouched predictions are not right)
-    assert head.startswith(f"correct_{name}: 2/2 code checks passed, ") and head.endswith(
+    assert head.startswith(f"correct_{name}: 3/3 code checks passed, ") and head.endswith(
         " predictions right (no cell raised)"), head
+
+
+def test_grade_counts_every_declared_exercise_and_lists_written_answers(tmp_path):
+    """05's look-ahead exercise answered by an assignment (no def) stays in the maximum; the
+    written questions come with the learner's text for marking by hand; one total per student."""
+    import csv
+
+    from labkit.course import grade
+
+    name = "05_masks.ipynb"
+    solved = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    exercise = nbformat.read(ROOT / "notebooks" / layout.EXERCISE_DIR / name, as_version=4)
+    solutions = {c.id: c.source for c in solved.cells}
+    nb = nbformat.from_dict(json.loads(json.dumps(exercise)))
+    for cell in nb.cells:
+        items = cell.get("metadata", {}).get(markup.META_KEY)
+        if items and items[0]["name"] == "lookahead_mask":
+            cell.source = "import tx_helpers.masks as M\nlookahead_mask = M.lookahead_mask"
+        elif items:
+            cell.source = fill_back(cell.source, regions.strip_hidden_tests(solutions[cell.id]))
+    answers = [i + 1 for i, c in enumerate(nb.cells) if c.source.startswith("**Write.**")]
+    nb.cells[answers[0]].source = "**Your answer:** it broadcasts over the queries."
+    path = tmp_path / "bob_05.ipynb"
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    grade.main([str(path), "--out", str(out), "--jobs", "1"])
+    rows = list(csv.DictReader(out.open()))
+    declared = nb.metadata["tx_lab"]
+    code = [r for r in rows if r["check"] not in grade.NOT_MARKS + ("prediction",)]
+    assert sum(float(r["max_points"]) for r in code) == len(declared["exercises"]) == 4
+    assert any("2. lookahead_mask" in r["exercise"] for r in code), code
+    total = next(r for r in rows if r["check"] == "total")
+    assert float(total["max_points"]) == 4 + 0.5 * len(declared["predictions"])
+    written = [r for r in rows if r["check"] == "written"]
+    assert len(written) == len(answers) >= 2
+    assert written[0]["diagnosis"] == "it broadcasts over the queries."
+    assert written[1]["diagnosis"] == "(no answer)" and written[1]["exercise"].startswith("Why")
+    summary = (tmp_path / "grades_summary.txt").read_text()
+    assert "to mark by hand: Why" in summary
+    assert "answer: it broadcasts over the queries." in summary

@@ -44,7 +44,11 @@ import argparse
 import ast
 import csv
 import json
+import os
+import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 
 import nbformat
@@ -52,6 +56,8 @@ from nbclient import NotebookClient
 
 from labkit.marks import check_options
 
+# The kernels' debugger warning about frozen modules is noise in the teacher's terminal.
+os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 MARK = "@@TX_GRADES@@"
 META_KEY = "tx_exercise"
 COLLECT = """\
@@ -65,7 +71,11 @@ if _names is None:
               and getattr(_o, "__module__", None) == "__main__"]
 _records = []
 for _n in _names:
-    if _n not in globals():
+    if _n not in globals():  # a declared exercise the learner removed: 0, still in the maximum
+        _records.append(dict(name=_n, subject=_n, passed=False, mistakes=["not_defined"],
+                             messages=["Diagnosis: " + _n + " is not defined in the notebook"],
+                             label="missing(" + _n + ")",
+                             mark=dict(score=0, points=_points.get(_n, 1), delegated="")))
         continue
     _found = _grading.find_checks({{_n: globals()[_n]}}, module=None)
     if not _found:
@@ -81,6 +91,7 @@ for _m in _grading.mark_predictions(points_each={prediction_points!r}):
     _records.append(dict(_m.result.as_dict(), label="prediction", mark=_d))
 print({mark!r} + _json.dumps(_records))
 """
+NOT_MARKS = ("cells", "none", "written", "total")  # CSV rows that are not a check's mark
 FIELDS = ["notebook", "exercise", "check", "passed", "mistakes", "diagnosis", "points",
           "max_points", "delegated"]
 
@@ -97,16 +108,38 @@ def defined_names(source: str) -> list[str]:
 
 
 def exercises_of(nb) -> dict[str, list[dict]]:
-    """Name defined in an exercise cell -> the exercises (number, name, section) it holds."""
+    """Name an exercise asks for -> the exercises (number, name, section) it holds.
+
+    The lab's declared exercises (notebook metadata ``tx_lab``, else each exercise cell's
+    ``tx_exercise`` items), never only what the learner defined: an exercise answered by an
+    assignment (``lookahead_mask = M.lookahead_mask``) or deleted still counts in the maximum.
+    """
     found: dict[str, list[dict]] = {}
-    for cell in nb.cells:
-        items = cell.get("metadata", {}).get(META_KEY)
-        if cell.cell_type != "code" or not items:
-            continue
-        for name in defined_names(cell.source):
-            found.setdefault(name, []).extend(
-                item for item in items if item["name"].split(".")[0] == name)
+    declared = nb.metadata.get("tx_lab", {}).get("exercises")
+    if declared is None:
+        declared = [item for cell in nb.cells if cell.cell_type == "code"
+                    for item in cell.get("metadata", {}).get(META_KEY) or []]
+    for item in declared:
+        found.setdefault(item["name"].split(".")[0], []).append(
+            {key: item[key] for key in ("name", "number", "section") if key in item})
     return found
+
+
+def written_answers(nb) -> list[tuple[str, str]]:
+    """(question, the learner's answer) for each ``**Write.**`` cell, for marking by hand."""
+    pairs = []
+    for cell, after in zip(nb.cells, nb.cells[1:] + [None], strict=True):
+        if cell.cell_type != "markdown" or not cell.source.startswith("**Write.**"):
+            continue
+        question = " ".join(cell.source[len("**Write.**"):].split("<details>")[0].split())
+        answer = ""
+        if after is not None and after.cell_type == "markdown" \
+                and not after.source.startswith("**Write.**"):
+            answer = after.source.replace("**Your answer:**", "").strip()
+            if answer.startswith("*(double-click"):
+                answer = ""
+        pairs.append((question, " ".join(answer.split()) or "(no answer)"))
+    return pairs
 
 
 def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
@@ -124,7 +157,7 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
         prediction_points=prediction_points)))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
-    client.execute()
+    client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here
     errors = sum(1 for cell in nb.cells[:n_cells] if cell.cell_type == "code"
                  and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
     for out in nb.cells[-1].outputs:
@@ -132,6 +165,12 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
         if out.get("output_type") == "stream" and MARK in text:
             return json.loads(text.split(MARK, 1)[1]), errors, exercises
     return [], errors, exercises  # the collecting cell failed: tx_helpers missing?
+
+
+def grade_one(path: Path, timeout: int, prediction_points: float):
+    """One submission: (records, cells that raised, exercises, written answers)."""
+    records, errors, exercises = run_notebook(path, timeout, prediction_points)
+    return records, errors, exercises, written_answers(nbformat.read(path, as_version=4))
 
 
 def exercise_label(record: dict, exercises: dict) -> str:
@@ -142,7 +181,8 @@ def exercise_label(record: dict, exercises: dict) -> str:
     return "; ".join(f"{i['number']}. {i['name']}" for i in items) or "-"
 
 
-def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> list[dict]:
+def rows_for(path: Path, records: list[dict], errors: int, exercises: dict,
+             written: list[tuple[str, str]] = ()) -> list[dict]:
     rows = [{"notebook": path.name, "exercise": "", "check": "cells", "passed": errors == 0,
              "mistakes": f"{errors} cell(s) raised" if errors else "", "diagnosis": "",
              "points": "", "max_points": "", "delegated": ""}]
@@ -164,11 +204,21 @@ def rows_for(path: Path, records: list[dict], errors: int, exercises: dict) -> l
                          "exercise": "; ".join(f"{i['number']}. {i['name']}" for i in items),
                          "mistakes": "", "diagnosis": "no automatic check for this exercise",
                          "points": "", "max_points": "", "delegated": ""})
+    for question, answer in written:  # the teacher marks these with labs.toml's rubric
+        rows.append({"notebook": path.name, "exercise": question, "check": "written",
+                     "passed": "", "mistakes": "", "diagnosis": answer, "points": "",
+                     "max_points": "", "delegated": ""})
+    graded = [r for r in rows if r["check"] not in NOT_MARKS]
+    rows.append({"notebook": path.name, "exercise": "", "check": "total", "passed": "",
+                 "mistakes": "", "diagnosis": "automatic marks; written answers not included",
+                 "points": f"{sum(float(r['points'] or 0) for r in graded):g}",
+                 "max_points": f"{sum(float(r['max_points'] or 0) for r in graded):g}",
+                 "delegated": ""})
     return rows
 
 
 def summary_line(path: Path, rows: list[dict]) -> list[str]:
-    graded = [r for r in rows if r["check"] not in ("cells", "none")]
+    graded = [r for r in rows if r["check"] not in NOT_MARKS]
     code = [r for r in graded if r["check"] != "prediction"]
     predictions = [r for r in graded if r["check"] == "prediction"]
     cells = rows[0]["mistakes"] or "no cell raised"
@@ -189,18 +239,21 @@ def summary_line(path: Path, rows: list[dict]) -> list[str]:
     for r in rows:
         if r["check"] == "none":
             lines.append(f"  - exercise {r['exercise']}: not checked automatically")
+    for r in rows:
+        if r["check"] == "written":
+            lines += [f"  - to mark by hand: {r['exercise']}", f"    answer: {r['diagnosis']}"]
     return lines
 
 
 def feedback_text(path: Path, records: list[dict], rows: list[dict], errors: int) -> str:
     """The student's own file: every exercise's mark and its full report (✓/✗ lines)."""
-    graded = [r for r in rows if r["check"] not in ("cells", "none")]
+    graded = [r for r in rows if r["check"] not in NOT_MARKS]
     score = sum(float(r["points"] or 0) for r in graded)
     total = sum(float(r["max_points"] or 0) for r in graded)
     out = [f"Feedback for {path.name}: {score:g}/{total:g} points", ""]
     if errors:
         out += [f"{errors} cell(s) raised an error when the notebook ran top to bottom.", ""]
-    for r, row in zip(records, [r for r in rows if r["check"] not in ("cells", "none")],
+    for r, row in zip(records, [r for r in rows if r["check"] not in NOT_MARKS],
                       strict=False):
         label = row["exercise"] if row["exercise"] != "-" else r.get("subject", "")
         out += [f"## {label}"] + r.get("mark", {}).get("lines", r["messages"]) + [""]
@@ -209,6 +262,18 @@ def feedback_text(path: Path, records: list[dict], rows: list[dict], errors: int
             out += [f"## {row['exercise']}", "  not checked automatically: your teacher marks "
                     "it", ""]
     return "\n".join(out)
+
+
+def _report(path, records, errors, exercises, written, rows, summary, feedback_dir) -> bool:
+    """Add one submission's rows and summary lines, write its feedback; True if it failed."""
+    mine = rows_for(path, records, errors, exercises, written)
+    rows += mine
+    lines = summary_line(path, mine)
+    summary += lines
+    (feedback_dir / f"{path.stem}.txt").write_text(
+        feedback_text(path, records, mine, errors) + "\n", encoding="utf-8")
+    print(lines[0] + ";" + lines[1].replace("  marks:", ""), flush=True)
+    return not records or not all(r["passed"] for r in records)
 
 
 def main(argv=None) -> int:
@@ -221,22 +286,23 @@ def main(argv=None) -> int:
     parser.add_argument("--feedback", type=Path, default=None,
                         help="folder for one feedback file per notebook (default: "
                         "<out stem>_feedback next to the CSV)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="notebooks graded at once (default: one per CPU core)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any check failed or a notebook could not be graded")
     args = parser.parse_args(argv)
     feedback_dir = args.feedback or args.out.with_name(f"{args.out.stem}_feedback")
     feedback_dir.mkdir(parents=True, exist_ok=True)
     rows, summary, failed = [], [], False
-    for path in args.notebooks:
-        records, errors, exercises = run_notebook(path, args.timeout, args.prediction_points)
-        mine = rows_for(path, records, errors, exercises)
-        rows += mine
-        lines = summary_line(path, mine)
-        summary += lines
-        failed |= not records or not all(r["passed"] for r in records)
-        (feedback_dir / f"{path.stem}.txt").write_text(
-            feedback_text(path, records, mine, errors) + "\n", encoding="utf-8")
-        print(lines[0] + ";" + lines[1].replace("  marks:", ""))
+    # one worker process per core, each running its submissions' kernels one at a time
+    jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(args.notebooks)))
+    with ProcessPoolExecutor(jobs) as pool:
+        results = pool.map(grade_one, args.notebooks, repeat(args.timeout),
+                           repeat(args.prediction_points))
+        for path, (records, errors, exercises, written) in zip(args.notebooks, results,
+                                                               strict=True):
+            failed |= _report(path, records, errors, exercises, written, rows, summary,
+                              feedback_dir)
     with args.out.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()
