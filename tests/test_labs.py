@@ -338,6 +338,36 @@ def test_teacher_key_holds_what_the_copy_drops(path):
     assert "do not hand this out" in key
 
 
+@pytest.mark.parametrize("path", SOLVED, ids=[p.stem[:2] for p in SOLVED])
+def test_teacher_key_lists_each_written_question_with_its_model_answer_and_rubric(path):
+    key = make_keys.key_markdown(path, ROOT)
+    nb = _read(path)
+    settings = scoring.lab_settings(scoring.load_labs(ROOT), path.name[:2])
+    for w in labinfo.lab_info(nb)["written"]:
+        source = nb.cells[w["cell"]].source
+        head = f"### W{w['number']} (section *{w['section']}*, {settings['points']['written']:g}"
+        assert head in key, (path.name, head)
+        part = key.split(head, 1)[1].split("\n### ", 1)[0]
+        assert w["question"].split("\n")[0] in part
+        bodies = [make_keys._answer_body(source[a:b], k) for a, b, k in
+                  markup.answer_blocks(source)]
+        assert bodies and all(b in part for b in bodies), (path.name, w["number"])
+        assert "Rubric (" in part, (path.name, w["number"])  # its own, or labs.toml's
+        assert "**Mismatch:**" not in part, part[-300:]
+
+
+def test_a_written_questions_own_rubric_replaces_the_generic_one(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "**Write.** Why?\n\n<details><summary>Answer</summary>\n\nBecause.\n\n"
+        "**Rubric (2 points).** 2: both; 1: one; 0: neither.\n</details>")])
+    path = tmp_path / "notebooks" / "99_x.ipynb"
+    nbformat.write(nb, path)
+    key = make_keys.key_markdown(path, tmp_path)
+    assert "Model answer and rubric:" in key and "**Rubric (2 points).** 2: both" in key
+    assert "notebooks/labs.toml):" not in key  # no second, generic rubric
+
+
 def test_each_check_lists_its_own_mistakes():
     assert "no_scaling" in make_keys.mistakes_of("check_attention")
     assert {"heads_view_without_transpose", "no_scaling"} <= set(

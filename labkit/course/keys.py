@@ -36,6 +36,7 @@ import nbformat
 from labkit.course import labinfo, layout, markup, regions, scoring  # noqa: E402
 
 ROOT = layout.ROOT
+OWN_RUBRIC = re.compile(r"\*\*Rubric \((?P<points>\d+(?:\.\d+)?) points?\)\.?\*\*")
 KEYS_DIR = Path("teacher") / "keys"
 # Modules of labkit that every check shares: their mistakes are listed once.
 SHARED_MODULES = ("report", "compare", "weights", "mistakes")
@@ -232,9 +233,17 @@ def key_markdown(path: Path, root: Path = ROOT) -> str:
             written_cells.add(nxt)
             answers += [_answer_body(nb.cells[nxt].source[a:b], kind)
                         for a, b, kind in markup.answer_blocks(nb.cells[nxt].source)]
-        out += [f"### W{w['number']} (section *{w['section']}*)", "", _quote(w["question"]), "",
+        own = OWN_RUBRIC.search("\n".join(answers))  # "**Rubric (2 points).** ..." in the answer
+        rubric = [] if own else [f"Rubric ({p['written']:g} points, notebooks/labs.toml): "
+                                 f"{settings['rubric'] or 'none yet'}", ""]
+        if own and float(own.group("points")) != float(p["written"]):
+            rubric = [f"**Mismatch:** this rubric gives {own.group('points')} points, but "
+                      f"notebooks/labs.toml counts {p['written']:g} per written answer (the "
+                      "grade and the nbgrader export use labs.toml).", ""]
+        out += [f"### W{w['number']} (section *{w['section']}*, {p['written']:g} points)", "",
+                _quote(w["question"]), "", "Model answer and rubric:" if own else
                 "Expected answer:", "", *(answers or ["(none written in the notebook)"]), "",
-                f"Rubric ({p['written']} points): {settings['rubric'] or 'none yet'}", ""]
+                *rubric]
 
     out += ["## Answers the exercise copies leave out", ""]
     sections = labinfo.cell_sections(nb)
