@@ -705,8 +705,15 @@ def test_copy_keeps_metadata_and_its_note_is_its_own(path, copies):
     for e in info["exercises"]:
         assert e["section"].split(" / ")[0] in sections | {"the introduction"}
         assert f"`{e['name']}`, in section *{markup.md_escape(e['section'])}*" in note
-    assert ("Run All stops at the first stub" in note) == bool(info["exercises"])
+    stops = bool(info["exercises"]) and info["run_all_stop"] is not None
+    assert ("Run All stops at the first stub" in note) == stops  # read from the code
+    assert ("Run All runs to the end" in note) == (bool(info["exercises"]) and not stops)
     assert ("prediction" in note) == bool(info["predictions"])
+    lines = sum(len(markup.prediction_lines(c.source)) for c in solved.cells
+                if c.cell_type == "code")
+    if lines:  # the banner counts every prediction line, each graded by a later check
+        assert f"**{lines} prediction{'s' if lines != 1 else ''}:**" in note, (path.name, lines)
+        assert info["ungraded_predictions"] == [], info["ungraded_predictions"]
 
 
 def test_note_puts_each_exercise_in_its_own_section():
@@ -876,3 +883,16 @@ def test_make_handout_passes_labs_and_graded():
     recipe = (ROOT / "Makefile").read_text().split("\nhandout:", 1)[1].split("\n\n", 1)[0]
     assert "$(if $(LABS),--labs $(LABS))" in recipe
     assert "$(if $(filter 1 yes true,$(GRADED)),--graded)" in recipe
+
+
+def test_handout_readme_claims_hold_for_the_labs_it_carries(handout):
+    """The student README explains **Write.** cells only because labs have them, and says the
+    top note tells whether Run All stops (the copies differ: read from their code)."""
+    folder, _ = handout
+    readme = (folder / "README.md").read_text()
+    copies = [nbformat.read(p, as_version=4) for p in sorted((folder / "notebooks").glob("*"))]
+    written = sum(len(c.metadata[markup.LAB_KEY]["written"]) for c in copies)
+    assert ("**Write.** cells" in readme) == (written > 0), written
+    notes = [c.cells[0].source for c in copies]
+    assert any("Run All stops" in n for n in notes) or not any("Run All" in n for n in notes)
+    assert "Each notebook's top note says whether *Run All* stops" in readme
