@@ -50,7 +50,7 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "check_train_step": ("train_step",),
     "check_amp_step": ("train_step",),
     "check_label_smoothing": ("label_smoothing_loss", "LabelSmoothingLoss"),
-    "check_greedy_decode": ("greedy_decode",),
+    "check_greedy_decode": ("greedy_decode", "beam_search"),  # beam 1 is greedy
     "check_beam_search": ("beam_search",),
     "check_phone_error_rate": ("phone_error_rate",),
     "check_g2p_batches": ("g2p_batches",),
@@ -145,11 +145,14 @@ class watch_references:
                        for c in _codes(ref)}
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
+        # PyTorch's fused attention is the whole of the attention exercise in one call
+        self._sdpa = (torch.nn.functional.scaled_dot_product_attention
+                      if "scaled_dot_product_attention" in names else None)
         self._previous = None
 
     def __enter__(self):
         self._previous = sys.getprofile()
-        if self._codes or self._smoothing:
+        if self._codes or self._smoothing or self._sdpa is not None:
             sys.setprofile(self._hook)
         return self
 
@@ -158,6 +161,11 @@ class watch_references:
         return False
 
     def _hook(self, frame, event, arg):
+        if event == "c_call" and self._sdpa is not None and arg is self._sdpa:
+            if self._learner_caller(frame, start=frame):
+                self._add("it calls PyTorch's scaled_dot_product_attention, the whole of the "
+                          "attention exercise in one call")
+            return
         if event != "call":
             return
         code = frame.f_code
@@ -182,10 +190,11 @@ class watch_references:
                           f"subclasses or borrows from {name})")
 
     @staticmethod
-    def _learner_caller(frame) -> str | None:
-        """The learner's function nearest to ``frame`` on the stack, or None if the lab
-        kit called it (torch, tx_helpers and the standard library are passed through)."""
-        caller = frame.f_back
+    def _learner_caller(frame, start=None) -> str | None:
+        """The learner's function nearest to ``frame`` on the stack (from ``start``, the
+        caller by default), or None if the lab kit called it (torch, tx_helpers and the
+        standard library are passed through)."""
+        caller = frame.f_back if start is None else start
         while caller is not None:
             path = os.path.abspath(caller.f_code.co_filename)
             if path.startswith(_KIT_DIR):

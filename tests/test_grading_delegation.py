@@ -105,6 +105,17 @@ class _Decoder:
         return D.greedy_decode({GREEDY_CALL})
 greedy_decode = _Decoder()
 """),
+    "PyTorch's fused attention": ("attention", """
+import torch.nn.functional as F
+def attention(q, k, v, mask=None):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else ~mask)
+    return out, None
+"""),
+    "beam search of width one": ("greedy_decode", f"""
+import tx_helpers as T
+def greedy_decode({GREEDY_ARGS}):
+    return T.beam_search({GREEDY_CALL}, beam_size=1).tokens[:, 0]
+"""),
     "PyTorch's smoothing through getattr": ("smoothed_loss", """
 import torch
 def smoothed_loss(logits, target, eps, pad_idx):
@@ -158,6 +169,25 @@ class EncoderLayer(nn.Module):
     def forward(self, x, mask=None):
         x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, mask)))
         return self.norm2(x + self.dropout2(self.feed_forward(x)))
+"""),
+    "multi-head attention on PyTorch's fused attention": ("MultiHeadAttention", """
+import torch.nn.functional as F
+from torch import nn
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.p = dropout
+    def forward(self, query, key, value, mask=None):
+        n = query.size(0)
+        q, k, v = (w(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
+                   for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        keep = None if mask is None else ~mask.unsqueeze(1)  # (N, 1, L_q or 1, L_k)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                             dropout_p=self.p if self.training else 0.0)
+        return self.w_o(out.transpose(1, 2).reshape(n, -1, self.h * self.d_k))
 """),
     "own helper named like the reference": ("positional_table", """
 import math
