@@ -97,6 +97,13 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
     ``config.pad_idx`` after its EOS, PAD and BOS never predicted, the loop stopping once
     every row has finished (extra all-PAD columns at the end are accepted), and the model
     in eval mode while decoding (it is handed over in train mode, dropout 0.1).
+
+    Two more runs change nothing for a right loop: every logit lowered by 10 (a PAD or BOS
+    "excluded" with a 0 now wins) and the rows in the order they finish (a loop that stops on
+    row 0 now stops early). When the ids differ and no known variant explains them, forward
+    hooks replay the learner's output step by step (:mod:`.localize_decode`) and name the first
+    part that goes wrong: the source masks, what is fed back, which logits are read, what
+    follows EOS.
     """
 
     def body(report: _Report):
@@ -120,8 +127,7 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
             report.mistake("decode_no_eval")
         if not model.training:
             report.note("the model is left in eval mode afterwards; tx.greedy_decode gives it "
-                        "its previous mode back (was_training = model.training ... "
-                        "model.train(was_training))")
+                        "back the mode it was handed in")
         model.eval()
         expected = greedy_decode(model, _SRC, bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN)
         if out.dtype.is_floating_point or out.dim() != 2:

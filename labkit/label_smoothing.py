@@ -72,6 +72,9 @@ def check_label_smoothing(fn, *, verbose: bool = True) -> CheckResult:
     spread over all V classes, pad labels ignored, the mean over non-pad positions. Probes: a
     batch with pad labels (eps = 0.2, pad_idx = 1), the loss floor (logits = log q give the
     entropy of q, not 0), a large logit gap (log(softmax) underflows there), and a gradient.
+    When the loss differs and no known variant explains it,
+    :func:`.localize_loss.localise_smoothing` names the part: what the loss is averaged over,
+    or how the target is built (read from the gradient at one position).
     """
     eps, pad, v = 0.2, 1, 7
 

@@ -71,6 +71,10 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
 
     Three steps from the same start must give the reference's losses, norms and weights. A
     plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
+    The first step is traced (:class:`.localize_loss.StepTrace`): the forward pass must run in
+    train mode, and when the numbers differ the trace names the part: the calls in order,
+    the norm after backward and at the update (clipping after the step, by value), the
+    returned loss and norm.
     """
     n_steps, clip = 3, 0.1
     batches = _step_batches(n_steps, torch.Generator().manual_seed(12))
