@@ -13,8 +13,9 @@ under none of the others (``tests/test_silent_bugs.py`` runs them all):
 - :func:`suspect_init`: an initialiser that leaves the embedding tables with standard
   deviation 1: the attention entropy at initialisation collapses.
 
-The fixes: an attention core (``labkit.check_attention``), :func:`check_shift_targets` and
-:func:`check_init_embeddings`.
+:func:`suspect` wraps each in a :class:`Pipeline` (a model builder and a batch maker), so the
+kind of a suspect does not say which measurement to run. The fixes: an attention core
+(``labkit.check_attention``), :func:`check_shift_targets` and :func:`check_init_embeddings`.
 """
 from __future__ import annotations
 
@@ -123,6 +124,50 @@ def suspect_init(model: Transformer) -> Transformer:
             else:
                 nn.init.normal_(p)
     return model
+
+
+# ---------------------------------------------------------------- the suspects as pipelines
+
+def _reverse_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
+                     length: int = 8, bos: int = 1, eos: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n_batches):
+        src = torch.randint(3, vocab, (batch_size, length), generator=g)  # (N, L)
+        tgt = torch.cat([torch.full((batch_size, 1), bos), src.flip(1),
+                         torch.full((batch_size, 1), eos)], dim=1)  # (N, L + 2)
+        yield src, tgt[:, :-1], tgt[:, 1:]  # (N, L + 1) each
+
+
+class Pipeline:
+    """A colleague's pipeline for the reverse task: ``model(seed=0)`` builds a fresh,
+    initialised model; ``batches(n_batches, batch_size=32, seed=0)`` yields training batches
+    ``(src, tgt_in, tgt_out)``. Which part holds the bug is for the measurements to say."""
+
+    def __init__(self, name: str, config, build, batches):
+        self.name, self.config, self._build, self._batches = name, config, build, batches
+
+    def model(self, seed: int = 0) -> Transformer:
+        return self._build(self.config, seed)
+
+    def batches(self, n_batches: int, batch_size: int = 32, seed: int = 0):
+        return self._batches(n_batches, batch_size, seed, vocab=self.config.tgt_vocab_size)
+
+    def __repr__(self) -> str:
+        return f"<suspect {self.name}: a model builder and a batch maker>"
+
+
+def _plain(config, seed):
+    torch.manual_seed(seed)
+    return Transformer(config)
+
+
+def suspect(name: str, config) -> Pipeline:
+    """Suspect ``"A"``, ``"B"`` or ``"C"`` as a :class:`Pipeline` for ``config``."""
+    parts = {"A": (suspect_model, _reverse_batches), "B": (_plain, suspect_batches),
+             "C": (lambda c, s: suspect_init(_plain(c, s)), _reverse_batches)}
+    if name not in parts:
+        raise ValueError(f"name must be one of {sorted(parts)}, got {name!r}")
+    return Pipeline(name, config, *parts[name])
 
 
 # ---------------------------------------------------------------- checks of the fixes

@@ -154,3 +154,18 @@ def test_each_init_mistake_is_named():
 
     assert "init_touches_other_weights" in labkit.check_init_embeddings(
         everything, verbose=False).mistakes
+
+
+def test_pipelines_hide_which_part_is_suspect():
+    cfg = config()
+    a, b, c = (sb.suspect(name, cfg) for name in "ABC")
+    assert pads_change(a.model().eval()) and not pads_change(b.model().eval())
+    assert not pads_change(c.model().eval())
+    assert entropy(c.model().eval()) < 0.75 * entropy(a.model().eval())
+    for p in (a, c):
+        src, tgt_in, tgt_out = next(p.batches(1, 4))
+        assert torch.equal(tgt_in[:, 1:], tgt_out[:, :-1])
+    src, tgt_in, tgt_out = next(b.batches(1, 4))
+    assert torch.equal(tgt_in, tgt_out)
+    with pytest.raises(ValueError, match="name must be one of"):
+        sb.suspect("D", cfg)
