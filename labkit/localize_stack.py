@@ -135,8 +135,10 @@ def _residual_form(got, a, s, norm, norm_first, wrap, norms) -> tuple[str, str]:
         ("sublayer_output_dropped", "the stream from before the sublayer: its output is never "
          "added", lambda: a),
         ("missing_residual", "norm(sublayer(x)): the residual x is not added", lambda: norm(s)),
-        ("missing_residual", "sublayer(x) alone: the residual x is not added", lambda: s),
-        ("layernorm_missing", "x + sublayer(x) without its LayerNorm", lambda: a + s),
+        ("missing_residual", "sublayer(x) alone, the sublayer's raw output: the residual x is "
+         "not added", lambda: s),
+        ("layernorm_missing", "x + sublayer(x) without its LayerNorm (an unnormalised sum)",
+         lambda: a + s),
         ("norm_before_residual_add", "x + norm(sublayer(x)): the LayerNorm is applied before "
          "the residual add", lambda: a + norm(s)),
         ("post_ln_instead_of_pre_ln" if norm_first else "layernorm_missing",
