@@ -239,10 +239,17 @@ def run_all_stop(nb, exercises: list[dict]) -> dict | None:
 
 
 def proof_cells(nb) -> list[int]:
-    """Code cells under a "Check yourself" heading: they prove the answers the copies drop."""
+    """Code cells that prove an answer the copies drop: those under a "Check yourself" heading,
+    and those under an ungraded drill question (a heading tagged answer-space, notebook 11)."""
+    drill, in_drill = set(), False
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("#"):
+            in_drill = ANSWER_SPACE_TAG in cell.metadata.get("tags", [])
+        elif cell.cell_type == "code" and in_drill and "### PREDICTION" not in cell.source:
+            drill.add(index)  # a prediction's answer cell stays open: the learner types in it
     return [index for index, section, _ in cell_sections(nb)
             if nb.cells[index].cell_type == "code"
-            and section.lower().startswith("check yourself")]
+            and (section.lower().startswith("check yourself") or index in drill)]
 
 
 def _loaded_names(tree) -> set[str]:
