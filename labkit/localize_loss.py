@@ -132,7 +132,7 @@ class StepTrace:
         self._hooks += [p.register_post_accumulate_grad_hook(self._grad) for p in params]
         self._hooks.append(optimizer.register_step_pre_hook(self._step))
         self._restore = []
-        for owner, name in ((optimizer, "zero_grad"), (scheduler, "step")):
+        for owner, name in ((optimizer, "zero_grad"), (model, "zero_grad"), (scheduler, "step")):
             self._wrap(owner, name, "scheduler" if owner is scheduler else name)
 
     def _step(self, _optimizer, _args, _kwargs):
@@ -182,12 +182,21 @@ class StepTrace:
             [torch.linalg.vector_norm(g) for g in grads]))) if grads else math.nan
 
 
+def _order_ok(order: list) -> bool:
+    """True when backward, step, scheduler run once each in that order, with zero_grad
+    called, but never between backward and the update (before backward or after step)."""
+    if [e for e in order if e != "zero_grad"] != ["backward", "step", "scheduler"]:
+        return False
+    return "zero_grad" in order and "zero_grad" not in order[order.index("backward"):
+                                                            order.index("step")]
+
+
 def localise_step(report: _Report, trace: StepTrace, left_norm: float, returned, ref_loss: float,
                   clip: float, n_tokens: int) -> None:
     """Name the part of the first step that differs from forward, zero_grad, backward, clip,
     optimizer.step, scheduler.step in train mode."""
     order = [e for e in trace.events if e in ("zero_grad", "backward", "step", "scheduler")]
-    report.probe(True, "the step's calls, in order: " + ", ".join(order))
+    report.probe(_order_ok(order), "the step's calls, in order: " + ", ".join(order))
     clipped = trace.applied_norm <= clip * (1 + _TOL)
     if not report.probe(clipped or not math.isfinite(trace.applied_norm),
                         f"the optimizer applies gradients of norm at most clip_norm = {clip} "

@@ -203,3 +203,56 @@ def test_unlisted_mistake_is_pinned_to_its_part(check, fn, key, words):
     assert not result.passed and key in result.mistakes, result.report
     assert "mismatch" not in result.mistakes, result.report
     assert words in result.report.lower(), result.report
+
+
+def step_no_zero_grad(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
+    # gradients accumulate across steps: nothing clears them
+    src, tgt_in, tgt_out = batch
+    model.train()
+    out = model(src, tgt_in)  # (N, L, V)
+    loss = criterion(out.flatten(0, 1), tgt_out.flatten())
+    loss.backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    return {"loss": loss.item(), "grad_norm": float(norm)}
+
+
+def step_schedule_first(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
+    # the learning rate moves on before the update that should use it
+    src, tgt_in, tgt_out = batch
+    model.train()
+    model.zero_grad()
+    out = model(src, tgt_in)  # (N, L, V)
+    loss = criterion(out.flatten(0, 1), tgt_out.flatten())
+    loss.backward()
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    if scheduler is not None:
+        scheduler.step()
+    optimizer.step()
+    return {"loss": loss.item(), "grad_norm": float(norm)}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("fn, key, calls", [
+    (step_no_zero_grad, "no_zero_grad", "backward, step, scheduler"),
+    (step_schedule_first, "scheduler_before_optimizer", "zero_grad, backward, scheduler, step"),
+], ids=["no-zero-grad", "scheduler-first"])
+def test_wrong_call_order_is_a_failing_probe(fn, key, calls):
+    result = g.check_train_step(fn, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+    assert f"✗ the step's calls, in order: {calls}\n" in result.report + "\n", result.report
+    assert "✓ the step's calls" not in result.report, result.report
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("fn", [step_manual_clip, step_zero_at_end], ids=lambda f: f.__name__)
+def test_right_call_order_is_a_passing_probe(fn):
+    """A wrong return value makes the trace report; the calls themselves are right."""
+    def step(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return {"loss": out["loss"] * 2, "grad_norm": out["grad_norm"]}
+    result = g.check_train_step(step, verbose=False)
+    assert not result.passed, result.report
+    assert "✓ the step's calls, in order: " in result.report, result.report
