@@ -109,6 +109,16 @@ def _codes(obj) -> list[types.CodeType]:
     return codes
 
 
+def _fingerprint(code: types.CodeType):
+    """What a copy of a function's source keeps when compiled again, with other compiler flags
+    too: its names, variables and constants, the docstring included (None for short functions,
+    which a learner may well type the same way)."""
+    if len(code.co_code) < 60:
+        return None
+    return (code.co_name, code.co_names, code.co_varnames,
+            tuple(repr(c) for c in code.co_consts if not isinstance(c, types.CodeType)))
+
+
 def _unwrap(obj):
     """What ``obj`` hands its calls to without code of its own (partial, wraps, methods)."""
     seen = []
@@ -123,13 +133,21 @@ def identity_delegation(obj, names: set[str]) -> str | None:
     """``obj`` is a reference itself, wraps one, or runs a reference's code object."""
     refs = reference_objects(names)
     codes = {c: name for ref, name in refs.items() for c in _codes(ref)}
+    copies = _copies(codes)
     for inner in _unwrap(obj):
         if any(inner is ref for ref in refs):
             return f"it is tx_helpers' {refs[inner]} itself, bound to another name"
         code = getattr(inner, "__code__", None)
         if code in codes:
             return f"it runs the code of tx_helpers' {codes[code]}"
+        if isinstance(code, types.CodeType) and _fingerprint(code) in copies:
+            return f"it is a copy of tx_helpers' {copies[_fingerprint(code)]}, compiled again"
     return None
+
+
+def _copies(codes: dict) -> dict:
+    """Fingerprint -> reference name, for the reference code objects long enough to tell."""
+    return {fp: name for code, name in codes.items() if (fp := _fingerprint(code)) is not None}
 
 
 class watch_references:
@@ -143,6 +161,8 @@ class watch_references:
         self.found: list[str] = []
         self._codes = {c: name for ref, name in reference_objects(names).items()
                        for c in _codes(ref)}
+        self._copies = _copies(self._codes)
+        self._copy_names = {fp[0] for fp in self._copies}
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
         # PyTorch's fused attention is the whole of the attention exercise in one call
@@ -177,6 +197,11 @@ class watch_references:
             return
         name = self._codes.get(code)
         if name is None:
+            if code.co_name in self._copy_names:  # a copy of the reference's source
+                copied = self._copies.get(_fingerprint(code))
+                if copied:
+                    self._add(f"it runs a copy of tx_helpers' {copied} ({code.co_name}, "
+                              "compiled again from the reference's source)")
             return
         caller = self._learner_caller(frame)
         if caller is not None:

@@ -88,6 +88,22 @@ import tx_helpers
 padding_mask = types.FunctionType(tx_helpers.padding_mask.__code__,
                                   vars(tx_helpers.masks), "padding_mask")
 """),
+    "the reference's source compiled again": ("padding_mask", """
+import inspect
+import tx_helpers.masks as M
+namespace = dict(vars(M))
+exec(inspect.getsource(M.padding_mask), namespace)
+padding_mask = namespace["padding_mask"]
+"""),
+    "a wrapper around a copy of the source": ("greedy_decode", f"""
+import inspect
+import tx_helpers.decoding as D
+namespace = dict(vars(D))
+source = inspect.getsource(D.greedy_decode)
+exec(source[source.index("def "):], namespace)  # without its decorator
+def greedy_decode({GREEDY_ARGS}):
+    return namespace["greedy_decode"]({GREEDY_CALL})
+"""),
     "eval": ("decoder_self_mask", """
 def decoder_self_mask(tgt, pad_idx):
     return eval("__import__('tx_helpers').decoder_self_mask")(tgt, pad_idx)
