@@ -48,7 +48,7 @@ def make_greedy(eval_mode=True, argmax_dim=-1, feed_back=True, pad_after_eos=Tru
                 lookahead=True):
     @torch.no_grad()
     def greedy(model, src, *, bos_idx, eos_idx, max_len):
-        pad_idx = model.config.pad_idx
+        pad_idx, was = model.config.pad_idx, model.training
         if eval_mode:
             model.eval()
         mask = tx.padding_mask(src, pad_idx)  # (N, 1, L_src)
@@ -75,13 +75,13 @@ def make_greedy(eval_mode=True, argmax_dim=-1, feed_back=True, pad_after_eos=Tru
             done = done | (token == eos_idx)
             if (stop == "all" and done.all()) or (stop == "any" and done.any()):
                 break
+        model.train(was)
         return out if keep_bos else out[:, 1:]
     return greedy
 
 
 def greedy_full_length(model, src, *, bos_idx, eos_idx, max_len):
     """Correct, but runs to max_len (pads after EOS): accepted."""
-    model.eval()
     ys = tx.greedy_decode(model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len)
     pad = torch.full((ys.size(0), max_len + 1 - ys.size(1)), model.config.pad_idx)
     return torch.cat([ys, pad], dim=1)

@@ -93,6 +93,45 @@ def test_greedy_probe_tells_every_mistake_apart():
         assert a == b or x.shape != y.shape or not torch.equal(x, y), (a, b)
 
 
+@torch.no_grad()
+def greedy_left_in_eval(model, src, *, bos_idx, eos_idx, max_len):
+    """Right tokens, but the caller's train mode is never given back."""
+    model.eval()
+    pad = model.config.pad_idx
+    src_mask = (src == pad).unsqueeze(1)  # (N, 1, L_src): True at padding
+    memory = model.encode(src, src_mask)  # (N, L_src, d_model)
+    ys = torch.full((src.size(0), 1), bos_idx, dtype=torch.long)  # (N, 1)
+    finished = torch.zeros(src.size(0), dtype=torch.bool)  # (N,)
+    for _ in range(max_len):
+        logits = model.generator(model.decode(ys, memory, src_mask)[:, -1])  # (N, V)
+        logits[:, pad] = logits[:, bos_idx] = float("-inf")
+        nxt = logits.argmax(-1).masked_fill(finished, pad)  # (N,)
+        ys = torch.cat([ys, nxt[:, None]], 1)  # (N, t + 1)
+        finished |= nxt == eos_idx
+        if finished.all():
+            break
+    return ys
+
+
+def test_greedy_mode_not_restored_fails():
+    result = quiet(g.check_greedy_decode, greedy_left_in_eval)
+    assert not result.passed and result.mistakes == ["decode_mode_not_restored"], result.report
+    assert "✗ the model is given back in the mode it was handed in" in result.report
+    assert "Note" not in result.report and ".train(" not in result.report, result.report
+
+
+def test_greedy_restoring_the_mode_passes():
+    def restored(model, src, **kw):
+        was = model.training
+        try:
+            return greedy_left_in_eval(model, src, **kw)
+        finally:
+            model.train(was)
+    result = quiet(g.check_greedy_decode, restored)
+    assert result.passed, result.report
+    assert "✓ the model is given back in the mode it was handed in" in result.report
+
+
 def test_greedy_restores_nothing_else():
     torch.manual_seed(5)
     expected = torch.rand(2)
