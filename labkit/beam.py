@@ -126,19 +126,21 @@ def _probe_model() -> Transformer:
 
 _SEED = 12  # with these, the probed step has all the properties the module docstring lists
 _BIAS = [1.0, 1.0, 1.2] + [0.0] * 8  # PAD, BOS, EOS, then the other tokens
+_SECOND_T = 2  # source 2's second step: <eos> ranked 3rd and 6th of the top 2K
 _SRC = torch.tensor([[5, 9, 3, 12, 7, 4], [8, 4, 11, 0, 0, 0], [10, 3, 6, 5, 0, 0]])  # pad 0
 
 
-def _probe_state(model):
-    """The source, memory, mask, cache and beams before the probed step (reference steps)."""
-    row = _SRC[:1]
+def _probe_state(model, source: int = 0, t: int = _PROBE_T):
+    """The source, memory, mask, cache and beams before the probed step that makes t tokens
+    (reference steps)."""
+    row = _SRC[source:source + 1]
     mask = padding_mask(row, PAD)  # (1, 1, L_src)
     memory = model.encode(row, mask).repeat_interleave(K, dim=0)  # (K, L_src, d_model)
     mask = mask.repeat_interleave(K, dim=0)  # (K, 1, L_src)
     cache = KVCache()
     alive = torch.full((K, 1), BOS, dtype=torch.long)  # (K, 1)
     scores = torch.tensor([0.0] + [_NEG] * (K - 1))
-    for _ in range(_PROBE_T - 1):
+    for _ in range(t - 1):
         alive, scores, _, _ = _reference_step(model, memory, mask, cache, alive, scores,
                                               bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA)
     return memory, mask, cache, alive, scores
@@ -220,10 +222,12 @@ def _probe_live(report, model, state, mine, expected):
                                                              atol=1e-4)
     if not report.probe(same, "the K live prefixes, best first, are tx's: the best non-<eos> "
                         "candidates over all K x V extensions"):
+        if torch.equal(live, expected[0]) or (report.found and not report.only_mismatch()):
+            return  # the right prefixes in the right order, or a named mistake explains them
         if (not ends_eos and sorted(map(tuple, live.tolist())) == sorted(
                 map(tuple, expected[0].tolist()))):
             report.mistake("beam_live_not_sorted")
-        elif report.only_mismatch() or not report.found:
+        else:
             report.mistake("beam_wrong_selection")
 
 
@@ -240,14 +244,39 @@ def _probe_finished(report, mine, expected, t):
         return
     raw = {h: s * _lp(t, ALPHA) for h, s in want.items()}
     ok = all(_same(got[h], want[h]) for h in want)
-    if not report.probe(ok, f"a finished score is its summed log-probability / "
-                        f"((5 + {t}) / 6) ** {ALPHA}"):
+    if not report.probe(ok, f"a finished score is its summed log-probability divided by the "
+                        f"GNMT length penalty (alpha {ALPHA}: {_lp(t, ALPHA):.2f} for these "
+                        f"hypotheses)"):
         if all(_same(got[h], raw[h]) for h in want):
             report.mistake("beam_no_length_penalty")
         elif any(all(_same(got[h], raw[h] / _lp(n, ALPHA)) for h in want) for n in (t + 1, t - 1)):
             report.mistake("beam_penalty_length_off")
         elif not report.found:
             report.mistake("mismatch", "the finished scores match none of the known mistakes")
+
+
+def _probe_top_k_only(report: _Report, fn, model) -> None:
+    """A second step (source 2, t = 2) whose top 2K holds two <eos> candidates, ranked 3rd and
+    6th: only the first is finished."""
+    memory, mask, cache, alive, scores = _probe_state(model, source=2, t=_SECOND_T)
+    expected = _reference_step(model, memory, mask, copy.deepcopy(cache), alive, scores,
+                               bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA)
+    out = _call(report, f"fn(...) on a second state (alive {tuple(alive.shape)})", fn, model,
+                memory, mask, copy.deepcopy(cache), alive.clone(), scores.clone(),
+                bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA, shape_hint=_SHAPES)
+    mine = _check_outputs(report, out, alive.size(1))
+    got, want = set(_rows(mine[2], mine[3])), set(_rows(expected[2], expected[3]))
+    if report.probe(got == want, f"with two <eos> candidates in the top 2K, one ranked below "
+                    f"the top K, the finished hypotheses are the top K's ({len(want)} here)"):
+        return
+    hidden = model.decode(alive[:, -1:], memory, mask, cache=copy.deepcopy(cache))
+    logp = torch.log_softmax(model.generator(hidden[:, -1]), dim=-1)  # (K, V)
+    logp[:, [PAD, BOS]] = _NEG
+    idx = (scores[:, None] + logp).view(-1).topk(2 * K).indices  # (2K,) best first
+    parent, token = idx // logp.size(1), idx % logp.size(1)  # (2K,)
+    seqs = torch.cat([alive[parent], token[:, None]], dim=1)[token == EOS]  # (F', t+1)
+    every = {tuple(int(x) for x in hyp) for hyp in seqs}
+    report.mistake("beam_finished_from_top_2k" if got == every else "beam_finished_wrong_set")
 
 
 def _probe_cache(report, model, state, mine, cache_after):
@@ -278,7 +307,8 @@ def check_beam_search(fn, *, verbose: bool = True) -> CheckResult:
     Probes one step from a prepared state (K = 3, t = 3, an ``<eos>`` in the top K, parents
     out of order) for each part: the live prefixes and their summed log-probabilities, the
     finished hypotheses and their GNMT length penalty, and the cache (the next cached step
-    must equal decoding the returned prefixes whole). Then :func:`run_beam_search` with
+    must equal decoding the returned prefixes whole). A second step (two ``<eos>`` in the
+    top 2K, one below the top K) must finish only the top K's. Then :func:`run_beam_search` with
     ``fn`` must equal :func:`tx_helpers.beam_search` on three sources of a random model.
     """
 
@@ -298,6 +328,9 @@ def check_beam_search(fn, *, verbose: bool = True) -> CheckResult:
         _probe_live(report, model, state, mine, expected)
         _probe_finished(report, mine, expected, alive.size(1))
         _probe_cache(report, model, state, mine, mine_cache)
+        if report.found:
+            return
+        _probe_top_k_only(report, fn, model)
         if report.found:
             return
         want = beam_search(model, _SRC, bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN,

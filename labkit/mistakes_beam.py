@@ -35,6 +35,10 @@ BEAM: dict[str, tuple[str, str]] = {
     "beam_finished_wrong_set": (
         "the finished hypotheses are not the <eos> candidates ranked in the top K",
         "rank all candidates together; an <eos> candidate that K others beat is dropped"),
+    "beam_finished_from_top_2k": (
+        "every <eos> candidate of the top 2K is finished, also those ranked below the top K",
+        "an <eos> candidate counts as finished only where it would have survived: K others "
+        "that beat it leave it out, as they would a live prefix"),
     "beam_no_length_penalty": (
         "a finished hypothesis is scored by its summed log-probability alone, with no length "
         "penalty, so short outputs win", "finished hypotheses of different lengths are compared "

@@ -158,3 +158,81 @@ def test_discovery_pairs_a_beam_step_with_the_check():
     step = make_step()
     found = dict(g.find_checks({"my_beam_step": step}, module=None))
     assert list(found) == ["check_beam_search(my_beam_step)"]
+
+
+# ------------------------------------------------- mistakes found by a cold reader's own steps
+
+def vector_step(fault=None):
+    """A learner's step with topk over K x V, as the notebook's hints suggest; ``fault``
+    plants one mistake: 'top2k' finishes every <eos> of the top 2K, 'raw' adds logits, 'renorm'
+    renormalises after masking, 'length' scores finished ones one token too long."""
+
+    def beam_step(model, memory, src_mask, cache, alive, alive_scores, *, bos_idx, eos_idx,
+                  length_penalty):
+        k, t = alive.shape
+        logits = model.generator(model.decode(alive[:, -1:], memory, src_mask,
+                                              cache=cache)[:, -1])  # (K, V)
+        v = logits.size(-1)
+        if fault == "renorm":
+            logits[:, [model.config.pad_idx, bos_idx]] = NEG
+            logp = logits.log_softmax(-1)  # (K, V)
+        else:
+            logp = logits if fault == "raw" else logits.log_softmax(-1)  # (K, V)
+            logp = logp.index_fill(1, torch.tensor([model.config.pad_idx, bos_idx]), NEG)
+        total = (alive_scores.unsqueeze(1) + logp).flatten()  # (K * V,)
+        best, flat = total.topk(2 * k)  # (2K,)
+        beam, tok = flat.div(v, rounding_mode="floor"), flat.remainder(v)  # (2K,)
+        hyps = torch.cat([alive.index_select(0, beam), tok.unsqueeze(1)], 1)  # (2K, t+1)
+        eos = tok.eq(eos_idx)  # (2K,)
+        done = eos if fault == "top2k" else eos & (torch.arange(2 * k) < k)  # (2K,)
+        keep = (~eos).nonzero().squeeze(1)[:k]  # (K,) the best non-<eos>, best first
+        cache.reorder(beam[keep])
+        n = t + 1 if fault == "length" else t
+        lp = ((5 + n) / 6) ** length_penalty
+        return hyps[keep], best[keep], hyps[done], best[done] / lp
+
+    return beam_step
+
+
+def test_a_vectorised_right_step_passes():
+    result = g.check_beam_search(vector_step(), verbose=False)
+    assert result.passed, result.report
+    assert "✓ with two <eos> candidates in the top 2K" in result.report, result.report
+
+
+def test_the_second_state_has_an_eos_below_the_top_k():
+    """Source 2's step at t = 2: <eos> ranked in the top K and another ranked below it."""
+    with torch.no_grad():
+        model = gb._probe_model()
+        memory, mask, cache, alive, scores = gb._probe_state(model, 2, gb._SECOND_T)
+        logp = model.generator(model.decode(alive[:, -1:], memory, mask, cache=cache)[:, -1])
+        logp = logp.log_softmax(-1)
+        logp[:, [gb.PAD, gb.BOS]] = NEG
+        idx = (scores[:, None] + logp).flatten().topk(2 * gb.K).indices
+    ranks = [r for r, i in enumerate(idx.tolist()) if i % logp.size(1) == gb.EOS]
+    assert len(ranks) >= 2 and min(ranks) < gb.K <= max(ranks), ranks
+
+
+def test_eos_from_the_whole_top_2k_is_named():
+    result = g.check_beam_search(vector_step("top2k"), verbose=False)
+    assert not result.passed and result.mistakes == ["beam_finished_from_top_2k"], result.report
+    assert "✗ with two <eos> candidates in the top 2K" in result.report, result.report
+    assert "match none of the known mistakes" not in result.report, result.report
+
+
+@pytest.mark.parametrize("fault, key", [("raw", "beam_no_log_softmax"),
+                                        ("renorm", "beam_renormalised")])
+def test_wrong_scores_do_not_claim_the_prefixes_are_right(fault, key):
+    result = g.check_beam_search(vector_step(fault), verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+    assert "✗ the K live prefixes, best first" in result.report, result.report
+    assert "beam_live_not_sorted" not in result.mistakes, result.report
+    assert "not best first" not in result.report, result.report
+
+
+def test_penalty_off_by_one_prints_no_worked_answer():
+    result = g.check_beam_search(vector_step("length"), verbose=False)
+    assert result.mistakes == ["beam_penalty_length_off"], result.report
+    assert "✗ a finished score is its summed log-probability divided by the GNMT length " \
+           "penalty" in result.report, result.report
+    assert "(5 +" not in result.report and "** 0.6" not in result.report, result.report
