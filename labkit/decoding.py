@@ -96,8 +96,8 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
     (N, L) with L <= max_len + 1, column 0 BOS, a finished row padded with the model's
     ``config.pad_idx`` after its EOS, PAD and BOS never predicted, the loop stopping once
     every row has finished (extra all-PAD columns at the end are accepted), and the model
-    in eval mode while decoding (it is handed over in train mode, dropout 0.1) and given back
-    in train mode afterwards.
+    in eval mode while decoding (it is handed over in train mode, dropout 0.1); a model not
+    given back in train mode afterwards gets a note, not a failure.
 
     Two more runs change nothing for a right loop: every logit lowered by 10 (a PAD or BOS
     "excluded" with a 0 now wins) and the rows in the order they finish (a loop that stops on
@@ -126,9 +126,9 @@ def check_greedy_decode(fn, *, verbose: bool = True) -> CheckResult:
         if not report.probe(not any(modes), "the model runs in eval mode while decoding "
                             "(no dropout)"):
             report.mistake("decode_no_eval")
-        if not report.probe(model.training, "the model is given back in the mode it was "
-                            "handed in (train mode)"):
-            report.mistake("decode_mode_not_restored")
+        if not model.training:  # a note, not a failure: leaving eval on is common, correct code
+            report.note("the model is left in eval mode afterwards; tx.greedy_decode gives it "
+                        "back the mode it was handed in")
         model.eval()
         expected = greedy_decode(model, _SRC, bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN)
         if out.dtype.is_floating_point or out.dim() != 2:

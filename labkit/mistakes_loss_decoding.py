@@ -103,10 +103,6 @@ LOSS_AND_DECODING: dict[str, tuple[str, str]] = {
                        "random",
                        "decoding is inference: dropout must be off while it runs, and the model's "
                        "mode given back afterwards"),
-    "decode_mode_not_restored": ("the model is left in eval mode after decoding; the caller "
-                                 "handed it over in train mode",
-                                 "decoding borrows the model: the caller gets it back in the "
-                                 "mode they handed over, whatever the decoder switched it to"),
     "decode_argmax_wrong_dim": ("the argmax runs over the positions axis instead of the "
                                 "vocabulary",
                                 "the next token is the best entry of the vocabulary axis of the "

@@ -113,11 +113,11 @@ def greedy_left_in_eval(model, src, *, bos_idx, eos_idx, max_len):
     return ys
 
 
-def test_greedy_mode_not_restored_fails():
+def test_greedy_left_in_eval_passes_with_a_note():
+    """Leaving the model in eval mode is common in correct public decoders: a note, not a fail."""
     result = quiet(g.check_greedy_decode, greedy_left_in_eval)
-    assert not result.passed and result.mistakes == ["decode_mode_not_restored"], result.report
-    assert "✗ the model is given back in the mode it was handed in" in result.report
-    assert "Note" not in result.report and ".train(" not in result.report, result.report
+    assert result.passed and result.mistakes == [], result.report
+    assert "left in eval mode afterwards" in result.report and ".train(" not in result.report
 
 
 def test_greedy_restoring_the_mode_passes():
@@ -129,7 +129,7 @@ def test_greedy_restoring_the_mode_passes():
             model.train(was)
     result = quiet(g.check_greedy_decode, restored)
     assert result.passed, result.report
-    assert "✓ the model is given back in the mode it was handed in" in result.report
+    assert "left in eval mode afterwards" not in result.report
 
 
 def test_greedy_restores_nothing_else():

@@ -36,8 +36,8 @@ folder) and prints the same Markdown. Sections:
    that reaches the target.
 6. English pronunciation (notebook 13): the shipped G2P model's word and phone error
    rates on every held-out test word, greedy and with a beam of 4, and the time of
-   notebook 13's live run (``g2p.live_run(g2p.LIVE_RECIPE)``, the notebook's own call) with
-   its validation WER and PER.
+   the live run of ``g2p.LIVE_RECIPE`` (``g2p.live_run``; notebook 13's learner trains a
+   shorter run of the same recipe in its lab) with its validation WER and PER.
 
 Numbers from a busy machine are noisy: the header prints the load average at the start
 and at the end of the run.

@@ -313,7 +313,7 @@ def bench_g2p(s: dict) -> dict:
                      result["words"], f"{result['wer']:.1%}", f"{result['per']:.1%}",
                      result["unfinished"], time.perf_counter() - start])
     live = {**g2p.LIVE_RECIPE, "steps": s["g2p_live_steps"] or g2p.LIVE_RECIPE["steps"]}
-    result = g2p.live_run(live, lexicon=lexicon)  # the call notebook 13 makes: one code path
+    result = g2p.live_run(live, lexicon=lexicon)  # the one shared path; 13's lab checks against it
     history = result["history"]
     rows.append([f"live run, {live['steps']} steps (validation words)", result["words"],
                  f"{result['wer']:.1%}", f"{result['per']:.1%}", result["unfinished"],
@@ -329,7 +329,7 @@ def bench_g2p(s: dict) -> dict:
             "Held-out test words of g2p.split_words (none is a training word), stress digits "
             "removed; a word is right when it matches any of its pronunciations. Seconds: "
             "scoring time for the shipped model, training time (without scoring) for the live "
-            "run (g2p.LIVE_RECIPE, through g2p.live_run, the call notebook 13 makes). "
+            "run (g2p.LIVE_RECIPE, through g2p.live_run; notebook 13's lab trains a shorter run). "
             "No <eos>: predictions cut at the decoding limit of 32 phones (each adds about 25 "
             "phone errors, so a few move the PER and not the WER).",
         ],

@@ -56,7 +56,8 @@ G2P_RECIPE = {
     "clip_norm": 1.0,
 }
 
-#: The small model notebook 13 trains live, through ``g2p.live_run`` (so does ``make bench``).
+#: The small model of the live run (``g2p.live_run``, ``make bench``); notebook 13's lab trains
+#: a shorter run of it (150 steps) with the learner's own batches and training call.
 #: Dropout 0 (this project's choice): half an epoch sees each training pair at most once, so
 #: there is nothing to memorise yet. After 500 steps the model has not fully learned to stop:
 #: on some machines some long words never get <eos> (g2p.evaluate counts them), which moves
