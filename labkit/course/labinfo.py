@@ -206,18 +206,19 @@ def lab_info(nb) -> dict:
             "proof_cells": proof_cells(nb)}
 
 
-def _top_level_calls(tree) -> set[str]:
-    """Names called in a cell's top-level code (not inside a def, class or lambda)."""
-    found: set[str] = set()
+def _top_level_calls(tree) -> list[str]:
+    """Names called in a cell's top-level code (not inside a def, class or lambda), in the
+    order the calls run: by where each call ends (``f(g(x))`` calls g first)."""
+    found: list[tuple[int, int, str]] = []
     stack = list(tree.body) if tree else []
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            found.add(node.func.id)
+            found.append((node.end_lineno, node.end_col_offset, node.func.id))
         stack.extend(ast.iter_child_nodes(node))
-    return found
+    return [name for _, _, name in sorted(found)]
 
 
 def run_all_stop(nb, exercises: list[dict]) -> dict | None:
@@ -232,8 +233,8 @@ def run_all_stop(nb, exercises: list[dict]) -> dict | None:
         here = [e for e in exercises if e["cell"] == index]
         if any(e["name"] == "top-level code" for e in here):
             return {"cell": index, "name": "top-level code"}
-        for name in sorted(_top_level_calls(parse_cell(cell.source)) & set(tops)):
-            if tops[name]["cell"] <= index:
+        for name in _top_level_calls(parse_cell(cell.source)):
+            if name in tops and tops[name]["cell"] <= index:
                 return {"cell": index, "name": name}
     return None
 
