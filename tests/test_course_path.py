@@ -84,6 +84,8 @@ def test_recap_card_is_read_from_its_own_cell():
     cells = [_md("# 99 · A title"), _md("## Recap card\n**Formulas.** softmax(QK^T / sqrt(d_k)) V"),
              _md("Talk about a ## Recap card inside prose is not a card")]
     assert make_cheatsheet.recap_card(cells) == "**Formulas.** softmax(QK^T / sqrt(d_k)) V"
+    two = [_md("## Recap card\n**Formulas.** a\n**The classic mistake.** b")]
+    assert make_cheatsheet.recap_card(two) == "**Formulas.** a\n\n**The classic mistake.** b"
     assert make_cheatsheet.recap_card(cells[2:]) is None
 
 

@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = Path("docs") / "cheatsheet.md"
 CARD = re.compile(r"^##\s+Recap card\s*$", re.M)
 QUESTION = re.compile(r"^##\s+(Q\d+)\.\s+(.+)$")
+PART = re.compile(r"\n(?=\*\*(?:Formulas|Shapes and masks|Numbers to remember|"
+                  r"The classic mistake)\.\*\*)")
 SECTION = re.compile(r"^##\s+(?!Recap card\b|Check yourself\b)(.+)$")
 
 
@@ -45,7 +47,8 @@ def recap_card(cells: list[dict]) -> str | None:
     for text in _markdown(cells):
         m = CARD.search(text)
         if m and text[:m.start()].strip() == "":
-            return text[m.end():].strip()
+            body = PART.sub("\n\n", text[m.end():].strip())  # one paragraph per part
+            return re.sub(r"\n{3,}", "\n\n", body)
     return None
 
 
