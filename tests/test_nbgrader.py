@@ -112,10 +112,13 @@ def test_feedback_names_the_mistake(graded):
 @needs_nbgrader
 def test_student_version_hides_solutions_and_locks_cells(graded):
     nb = nbformat.read(graded / "release" / LAB / f"{LAB}.ipynb", as_version=4)
-    answers = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    answers = [c for c in solutions if c.cell_type == "code"]
+    written = [c for c in solutions if c.cell_type == "markdown"]  # the Write. questions' cells
     assert answers and all("raise NotImplementedError()" in c.source for c in answers)
     assert not any("torch.triu(torch.ones(size, size" in c.source for c in answers)
     assert all("# Hint:" in c.source or "# Your prediction: " in c.source for c in answers)
+    assert len(written) >= 2 and all(c.source.strip() == "YOUR ANSWER HERE" for c in written)
     # the solved prediction values are not handed out
     assert not any("### PREDICTION" in c.source or "= (3, 1, 6)" in c.source
                    for c in nb.cells), "a prediction's value is visible"
