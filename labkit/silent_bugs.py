@@ -96,14 +96,21 @@ def suspect_model(config, seed: int = 0) -> Transformer:
 _SLICES = {"tgt_in": slice(0, -1), "tgt_out": slice(0, -1)}  # the colleague's config
 
 
-def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
-                    length: int = 8, bos: int = 1, eos: int = 2):
-    """Suspect B: reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
+def _reverse_targets(n_batches: int, batch_size: int, seed: int, vocab: int, length: int,
+                     bos: int, eos: int):
+    """Reverse-task sources and full targets ``<bos> reversed(src) <eos>``, seeded."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(n_batches):
         src = torch.randint(3, vocab, (batch_size, length), generator=g)  # (N, L)
         tgt = torch.cat([torch.full((batch_size, 1), bos), src.flip(1),
                          torch.full((batch_size, 1), eos)], dim=1)  # (N, L + 2)
+        yield src, tgt
+
+
+def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
+                    length: int = 8, bos: int = 1, eos: int = 2):
+    """Suspect B: reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
+    for src, tgt in _reverse_targets(n_batches, batch_size, seed, vocab, length, bos, eos):
         yield src, tgt[:, _SLICES["tgt_in"]], tgt[:, _SLICES["tgt_out"]]  # (N, L + 1) each
 
 
@@ -130,12 +137,8 @@ def suspect_init(model: Transformer) -> Transformer:
 
 def _reverse_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
                      length: int = 8, bos: int = 1, eos: int = 2):
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(n_batches):
-        src = torch.randint(3, vocab, (batch_size, length), generator=g)  # (N, L)
-        tgt = torch.cat([torch.full((batch_size, 1), bos), src.flip(1),
-                         torch.full((batch_size, 1), eos)], dim=1)  # (N, L + 2)
-        yield src, tgt[:, :-1], tgt[:, 1:]  # (N, L + 1) each
+    for src, tgt in _reverse_targets(n_batches, batch_size, seed, vocab, length, bos, eos):
+        yield src, tgt[:, :-1], tgt[:, 1:]  # (N, L + 1) each: shifted by one
 
 
 class Pipeline:
