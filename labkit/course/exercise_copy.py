@@ -55,6 +55,10 @@ NOTE_RUN_TO_END = """\
 NOTE_PROOFS = """\
 > **Check yourself:** answer each question before you run the cells under it; their code is
 > collapsed because it proves the answers."""
+NOTE_NO_PROOFS = """\
+> **Check yourself** (at the end) has no answers in this copy: answer each question in your own
+> words. Your teacher's key has the answers; working alone, the solved `{solved}` has them,
+> with the cells that prove them."""
 
 
 def fingerprint(nb) -> str:
@@ -69,11 +73,9 @@ def is_hand_edited(nb) -> bool:
     return stored is None or stored != fingerprint(nb)
 
 
-def note_text(solved_name: str, info: dict) -> str:
+def note_text(solved_name: str, info: dict, cells: list) -> str:
+    """The copy's opening note; ``cells`` are the solved notebook's."""
     parts = [NOTE_HEAD.format(solved=solved_name)]
-    if info["sections"]:
-        parts.append("> **Sections of this notebook:** "
-                     + "; ".join(f"*{md_escape(t)}*" for t in info["sections"]) + ".")
     exercises = info["exercises"]
     if exercises:
         n = len(exercises)
@@ -124,7 +126,8 @@ def note_text(solved_name: str, info: dict) -> str:
         else:
             parts.append(NOTE_RUN_TO_END)
     if info.get("proof_cells"):
-        parts.append(NOTE_PROOFS)
+        kept = any(not is_teacher_only(cells[i]) for i in info["proof_cells"])
+        parts.append(NOTE_PROOFS if kept else NOTE_NO_PROOFS.format(solved=solved_name))
     return "\n>\n".join(parts)
 
 
@@ -171,7 +174,7 @@ def make_exercise(nb, solved_name: str):
             answer = nbformat.v4.new_markdown_cell(YOUR_ANSWER)
             answer.id = f"{cell.get('id', f'cell-{index}')}-your-answer"[:64]
             cells.append(answer)
-    note = nbformat.v4.new_markdown_cell(note_text(solved_name, info))
+    note = nbformat.v4.new_markdown_cell(note_text(solved_name, info, nb.cells))
     note.id = NOTE_ID
     ex.cells = [note] + cells
     if ex.nbformat_minor < 5:
