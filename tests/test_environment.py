@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +83,12 @@ def test_requirements_and_environment_pin_the_same_set():
         f"pins drifted: only in requirements.txt {only_req}, only in environment.yml "
         f"{only_env}, different versions (requirements, environment) {differ}"
     )
+
+
+def test_importing_nbformat_builds_no_grammar_parser():
+    """jsonschema 4.24+ imports rfc3987-syntax, which builds a Lark parser at import (2.5 s in
+    every test worker, nbgrader command and grading run); requirements.txt pins 4.23.0."""
+    code = ("import sys, nbformat; "
+            "print(sorted(m for m in ('lark', 'rfc3987_syntax') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing nbformat loaded {out.stdout.strip()}"
