@@ -1,15 +1,18 @@
 """Check: scaled dot-product attention."""
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
+from torch import nn
 
 from tx_helpers.attention import scaled_dot_product_attention
 
 from .compare import (
     _as_output,
     _both_kinds_mask,
+    _close,
     _compare,
     _deterministic,
     _diagnose,
@@ -59,12 +62,18 @@ _ATTN_SHAPES = ("q and k are (N, H, L_q, d_k) and (N, H, L_k, d_k); the scores a
                 "(N, H, L_q, d_v)")
 
 
-def check_attention(fn, *, verbose: bool = True) -> CheckResult:
+def check_attention(fn, *, full_contract: bool = False, verbose: bool = True) -> CheckResult:
     """Check ``fn(q, k, v, mask=None) -> output`` or ``(output, weights)``.
 
     q (N, H, L_q, d_k), k (N, H, L_k, d_k), v (N, H, L_k, d_v); ``mask`` is bool,
     True = do not attend, broadcastable to (N, H, L_q, L_k). Reference:
     :func:`tx_helpers.scaled_dot_product_attention`.
+
+    ``full_contract=True`` (notebook 03's exercise) also probes what the project's contract
+    says beyond the numbers: a query whose keys are all masked gets uniform weights, finite
+    (the fill is the dtype's most negative finite number, not -inf); float16 inputs work (a
+    fill that fits the dtype: defect 8); and, when ``fn`` takes ``dropout``, a dropout module
+    in train mode acts once, on the weights.
     """
     def body(report: _Report):
         gen = torch.Generator().manual_seed(2)
@@ -119,8 +128,132 @@ def check_attention(fn, *, verbose: bool = True) -> CheckResult:
             if report.only_mismatch():
                 localize_attention(report, lambda q, k, v, m: fn(q, k, v) if m is None
                                    else fn(q, k, v, m))
+        if full_contract and not report.found:
+            _fully_masked_probe(report, fn, q, k, v)
+            _half_probe(report, fn, q, k, v, mask)
+            if _takes(fn, "dropout"):
+                _dropout_probe(report, fn, q, k, v, mask)
 
     return _run_check("check_attention", body, verbose, fn)
+
+
+def _takes(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _split(raw):
+    """(output, weights or None) from what fn returned."""
+    if isinstance(raw, (tuple, list)):
+        w = raw[1] if len(raw) > 1 and isinstance(raw[1], torch.Tensor) else None
+        return raw[0], w
+    return raw, None
+
+
+def _fully_masked_probe(report: _Report, fn, q, k, v) -> None:
+    """Query 1 sees no key at all: the contract's fill gives it uniform weights, finite."""
+    mask = torch.zeros(q.size(-2), k.size(-2), dtype=torch.bool)  # (L_q, L_k)
+    mask[1] = True
+    mask[3, 2:] = True  # a partly masked row beside it
+    out, w = _split(_call(report, "fn(q, k, v, mask) with query 1's keys all masked", fn,
+                          q.clone(), k.clone(), v.clone(), mask, shape_hint=_ATTN_SHAPES))
+    out = _as_output(report, out)
+    ref, _ = _scaled_reference(q, k, v, mask)
+    l_k = k.size(-2)
+    text = (f"a query whose keys are all masked gets uniform weights 1/L_k = 1/{l_k}, "
+            "finite (its output is the mean of the values)")
+    if report.probe(_close(out, ref) and (w is None or _close(w[..., 1, :],
+                                                              torch.full_like(w[..., 1, :],
+                                                                              1 / l_k))), text):
+        return
+    row = out[..., 1, :]
+    if not bool(torch.isfinite(row).all()):
+        report.mistake("mask_fill_inf", "the fully masked query's output is NaN")
+    elif bool((row == 0).all()):
+        report.mistake("mask_row_zeroed", "the fully masked query's output is all zeros")
+    else:
+        report.mistake("mismatch", "with one query's keys all masked, the output differs from "
+                       "the reference")
+
+
+def _half_probe(report: _Report, fn, q, k, v, mask) -> None:
+    """float16 inputs: a fill that does not fit float16 (-1e9, float32's minimum) overflows."""
+    qh, kh, vh = q.half(), k.half(), v.half()
+    try:  # can this torch compute attention in float16 on the CPU at all?
+        ref = _scaled_reference(qh, kh, vh, mask)[0].float()
+    except Exception:  # noqa: BLE001 - an old torch without float16 kernels on the CPU
+        report.note("this PyTorch cannot compute attention in float16 on the CPU, so the "
+                    "float16 probe (defect 8) was skipped")
+        return
+    text = "float16 inputs with a mask work and match the reference (the fill fits float16)"
+    try:
+        out, _ = _split(fn(qh, kh, vh, mask))
+    except Exception as exc:  # noqa: BLE001 - reported below
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        report.probe(False, f"{text}: raised {type(exc).__name__}: {msg}")
+        if "overflow" in msg.lower():
+            report.mistake("mask_fill_overflow", msg)
+        else:
+            report.mistake("exception", f"{type(exc).__name__}: {msg}")
+        return
+    ok = (isinstance(out, torch.Tensor) and out.shape == ref.shape
+          and bool(torch.isfinite(out).all())
+          and torch.allclose(out.float(), ref, atol=2e-2, rtol=2e-2))
+    if not report.probe(ok, text):
+        if isinstance(out, torch.Tensor) and not bool(torch.isfinite(out).all()):
+            report.mistake("mask_fill_overflow", "the float16 output holds NaN or inf")
+        else:
+            report.mistake("mismatch", "in float16 the output differs from the reference")
+
+
+class _RecordingDropout(nn.Dropout):
+    """A dropout module in train mode whose mask is fixed (not the global RNG): it records
+    every tensor it receives, so the check can tell where the learner's code applied it."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__(p)
+        self.train()
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.seen.append(x.detach().clone())
+        return x * _keep(x) / (1 - self.p)
+
+
+def _keep(x: torch.Tensor) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(5)
+    return (torch.rand(x.shape, generator=gen) >= 0.5).to(x.dtype)
+
+
+def _dropout_probe(report: _Report, fn, q, k, v, mask) -> None:
+    drop = _RecordingDropout(0.5)
+    out, _ = _split(_call(report, "fn(q, k, v, mask, dropout=nn.Dropout(0.5) in train mode)",
+                          fn, q.clone(), k.clone(), v.clone(), mask, dropout=drop,
+                          shape_hint=_ATTN_SHAPES))
+    out = _as_output(report, out)
+    plain, w = _scaled_reference(q, k, v, mask)
+    expected = (w * _keep(w) / 0.5) @ v
+    text = "dropout (a module in train mode) acts once, on the weights, before they mix v"
+    if report.probe(len(drop.seen) == 1 and _close(out, expected), text):
+        return
+    shapes = [tuple(t.shape) for t in drop.seen]
+    if not drop.seen:
+        report.mistake("attn_dropout_unused", "the dropout module passed in was never called"
+                       + (": the output is the one without dropout" if _close(out, plain)
+                          else ""))
+    elif tuple(plain.shape) in shapes and tuple(w.shape) != tuple(plain.shape):
+        report.mistake("attn_dropout_on_output", f"it received a tensor of the output's shape "
+                       f"{tuple(plain.shape)} instead of the weights {tuple(w.shape)}")
+    elif len(drop.seen) > 1:
+        report.mistake("attn_dropout_twice", f"it was called {len(drop.seen)} times")
+    elif not _close(drop.seen[0].sum(-1), torch.ones_like(drop.seen[0].sum(-1))):
+        report.mistake("attn_dropout_before_softmax", "the tensor it received has rows that do "
+                       "not sum to 1: the scores, not the weights")
+    else:
+        report.mistake("mismatch", "with dropout in train mode the output differs from "
+                       "dropout(weights) @ v")
 
 
 def _scaled_reference(q, k, v, mask):

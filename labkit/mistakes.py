@@ -87,6 +87,31 @@ MISTAKES: dict[str, tuple[str, str]] = {
                            "hide them on the scores"),
     "weights_times_k": ("the attention weights multiply k instead of v",
                         "the weights mix the values, one row of weights per query"),
+    "mask_fill_inf": ("masked scores are filled with -inf: a query whose keys are all masked "
+                      "gets NaN weights (the softmax divides 0 by 0), and NaN spreads through the "
+                      "model",
+                      "the contract's fill is the most negative finite number of the scores' "
+                      "dtype: a row of equal finite scores gives uniform weights, never NaN"),
+    "mask_row_zeroed": ("a query whose keys are all masked gets zero output; this project's "
+                        "contract gives it uniform weights (PyTorch's fused attention zeroes "
+                        "such rows instead)",
+                        "fill the masked scores with the dtype's most negative finite number and "
+                        "let the softmax normalise every row, fully masked ones included"),
+    "mask_fill_overflow": ("the fill value does not fit float16: a constant such as -1e9 or "
+                           "float32's minimum overflows in half precision (defect 8)",
+                           "ask the scores' own dtype for its most negative finite number, so the "
+                           "fill fits whatever precision the model runs in"),
+    "attn_dropout_unused": ("the dropout module passed to the function is never called",
+                            "the module decides by its own train or eval mode whether to drop: "
+                            "call the module it was given, on the weights"),
+    "attn_dropout_on_output": ("dropout is applied to the attention output, not to the weights",
+                               "the paper's attention dropout zeroes some weights of each "
+                               "query's row, before the weights mix the values"),
+    "attn_dropout_twice": ("the dropout module is called more than once in one attention call",
+                           "one attention call drops the weights once"),
+    "attn_dropout_before_softmax": ("dropout is applied to the scores, before the softmax",
+                                    "dropout acts on the normalised weights, after the softmax; "
+                                    "a zeroed score still gets weight"),
     # multi-head attention
     "heads_view_without_transpose": ("the heads are split with view alone, without transpose: "
                                      "positions and features get mixed, or attention runs "

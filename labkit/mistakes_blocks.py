@@ -76,6 +76,15 @@ BLOCKS: dict[str, tuple[str, str]] = {
                         "rather than filling two halves"),
     "pe_positions_from_1": ("positions start at 1 instead of 0",
                             "the first position is 0"),
+    "pe_dtype_ignored": ("the table does not come back in the dtype asked for (or the "
+                         "function takes no dtype argument)",
+                         "the dtype argument says what the caller receives; the computation "
+                         "inside may use another precision and convert once at the end"),
+    "pe_low_precision": ("the table is computed in low precision: angles of hundreds of radians "
+                         "in float32 put errors of 1e-6 to 1e-4 into the far rows",
+                         "the angles reach hundreds of radians, where float32's neighbouring "
+                         "numbers lie far apart: compute the angles in float64 and round the "
+                         "finished table once"),
     "pe_odd_d_model": ("the table fails or is wrong for an odd d_model: there is one cos "
                        "column fewer than sin columns",
                        "with an odd d_model there is one more sine column than cosine columns"),

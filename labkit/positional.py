@@ -16,7 +16,7 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
-from .report import CheckResult, _call, _Failed, _Report, _run_check
+from .report import CheckResult, _call, _explain, _Failed, _Report, _run_check
 
 
 def _pe_variant(max_len, d_model, swap=False, layout="interleaved", exponent="2i", start=0):
@@ -190,6 +190,7 @@ def _describe_columns(report: _Report, table: torch.Tensor, d_model: int,
 
 
 def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
+                              computed_in_float64: bool = False,
                               verbose: bool = True) -> CheckResult:
     """Check a sinusoidal positional encoding against :func:`tx_helpers.sinusoidal_table`.
 
@@ -202,6 +203,12 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
     fails is a note. ``odd_d_model=True`` makes it a probe, for an exercise that asks for it.
     When the table differs, each column's frequency, phase and amplitude are read off it and
     the first wrong columns are named.
+
+    ``computed_in_float64=True`` (notebook 02's exercise, a function ``fn(max_len, d_model,
+    dtype=torch.float32)``) also probes the contract's precision: a 512 x 128 table in the
+    default float32 within 1e-6 of the float64 table rounded once, and ``dtype=torch.float64``
+    giving a float64 table within 1e-9. Angles computed in float32 are off by 1e-6 to 1e-4
+    at the far positions, so they fail both.
     """
     max_len, d_model = 50, 16
     ref = sinusoidal_table(max_len, d_model)
@@ -224,6 +231,8 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
             if compare_table(report, "the table matches sinusoidal_table (sin on even columns, "
                              "cos on odd, frequencies 1/10000^(2i/d_model))", table):
                 _odd_probe(report, lambda d: fn_or_cls(20, d), odd_d_model)
+                if computed_in_float64:
+                    _precision_probes(report, fn_or_cls)
             return
         roles = ("d_model", "max_len", "dropout")
         module = _instantiate(report, fn_or_cls, (d_model, max_len, 0.1),
@@ -304,6 +313,52 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                 _localize_forward(report, module, x, out, d_model)
 
     return _run_check("check_positional_encoding", body, verbose, fn_or_cls)
+
+
+def _table_float64(max_len: int, d_model: int) -> torch.Tensor:
+    """The table with every step in float64 (the precision probes' reference)."""
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * omega)
+    pe[:, 1::2] = torch.cos(pos * omega[: d_model // 2])
+    return pe  # (max_len, d_model)
+
+
+def _precision_probes(report: _Report, fn) -> None:
+    """512 x 128: float32 by default within 1e-6 of float64-then-rounded; float64 within 1e-9."""
+    max_len, d_model = 512, 128
+    ref = _table_float64(max_len, d_model)
+    for kwargs, dtype, tol in (({}, torch.float32, 1e-6), ({"dtype": torch.float64},
+                                                          torch.float64, 1e-9)):
+        call = f"fn({max_len}, {d_model}" + (", dtype=torch.float64)" if kwargs else ")")
+        text = (f"{call} is a {str(dtype).replace('torch.', '')} table within {tol:.0e} of the "
+                "table computed in float64" + (" and rounded once" if not kwargs else ""))
+        try:
+            table = fn(max_len, d_model, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if kwargs and isinstance(exc, TypeError) and "dtype" in msg:
+                report.probe(False, f"{text} (it raised TypeError: {msg})")
+                report.mistake("pe_dtype_ignored", "fn does not take the dtype argument")
+            else:
+                _explain(report, call, exc)
+            return
+        if not isinstance(table, torch.Tensor) or tuple(table.shape) != (max_len, d_model):
+            report.probe(False, f"{text} (got {type(table).__name__} of shape "
+                         f"{tuple(getattr(table, 'shape', ()))})")
+            report.mistake("wrong_output_shape")
+            return
+        err = float((table.double() - ref).abs().max())
+        if report.probe(table.dtype == dtype and err < tol, text):
+            continue
+        if table.dtype != dtype:
+            report.mistake("pe_dtype_ignored", f"{call} returned {table.dtype}")
+        elif err < 1e-2:
+            report.mistake("pe_low_precision", f"{call} is off by up to {err:.1e}, above "
+                           f"{tol:.0e}")
+        else:
+            report.mistake("mismatch", f"{call} differs from the table by up to {err:.3g}")
 
 
 def _localize_forward(report: _Report, module, x, out, d_model) -> None:

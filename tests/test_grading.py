@@ -115,6 +115,73 @@ def test_attention_exceptions_are_reported_not_raised(capsys):
     assert_fails_with(quiet(g.check_attention, bad_shapes), "shape_error", "q @ k", "(N, H")
 
 
+# full_contract=True: notebook 03's fill value (fully masked row, float16) and dropout
+
+
+def attn_softmax_by_hand(q, k, v, mask=None, dropout=None):
+    """Correct, written unlike the reference: einsum, torch.where, a softmax by hand."""
+    s = torch.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** -0.5
+    if mask is not None:
+        s = torch.where(mask, torch.tensor(torch.finfo(s.dtype).min, dtype=s.dtype), s)
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    w = e / e.sum(-1, keepdim=True)
+    if dropout is not None:
+        w = dropout(w)
+    return torch.einsum("...ij,...jd->...id", w, v), w
+
+
+def make_attn_contract(fill="finfo", drop="weights"):
+    def attention(q, k, v, mask=None, dropout=None):
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if mask is not None:
+            s = s.masked_fill(mask, {"finfo": torch.finfo(s.dtype).min, "inf": float("-inf"),
+                                     "1e9": NEG, "f32min": torch.finfo(torch.float32).min}[fill])
+        if dropout is not None and drop == "scores":
+            s = dropout(s)
+        w = s.softmax(-1)
+        if dropout is not None and drop in ("weights", "twice"):
+            w = dropout(w)
+        if dropout is not None and drop == "twice":
+            w = dropout(w)
+        out = (F.dropout(w, dropout.p) if dropout is not None and drop == "functional"
+               else w) @ v
+        if dropout is not None and drop == "output":
+            out = dropout(out)
+        return out, w
+    return attention
+
+
+@pytest.mark.parametrize("fn", [attn_softmax_by_hand, make_attn_contract(),
+                                tx.scaled_dot_product_attention])
+def test_attention_full_contract_correct_variants_pass(fn):
+    assert quiet(g.check_attention, fn, full_contract=True).passed
+
+
+@pytest.mark.parametrize("fn, key, word", [
+    (attn_inf, "mask_fill_inf", "NaN"),
+    (make_attn_contract(fill="inf"), "mask_fill_inf", "NaN"),
+    (make_attn_contract(fill="1e9"), "mask_fill_overflow", "defect 8"),
+    (make_attn_contract(fill="f32min"), "mask_fill_overflow", "float16"),
+    (attn_sdpa, "mask_row_zeroed", "zero output"),
+    (make_attn_contract(drop="output"), "attn_dropout_on_output", "output"),
+    (make_attn_contract(drop="scores"), "attn_dropout_before_softmax", "before the softmax"),
+    (make_attn_contract(drop="twice"), "attn_dropout_twice", "2 times"),
+    (make_attn_contract(drop="none"), "attn_dropout_unused", "never called"),
+    (make_attn_contract(drop="functional"), "attn_dropout_unused", "never called"),
+])
+def test_attention_full_contract_mistakes_are_named(fn, key, word):
+    assert_fails_with(quiet(g.check_attention, fn, full_contract=True), key, word)
+    assert quiet(g.check_attention, fn).passed  # the default check leaves these alone
+
+
+def test_attention_full_contract_leaves_the_global_rng_alone():
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    quiet(g.check_attention, attn_softmax_by_hand, full_contract=True)
+    assert torch.equal(torch.rand(3), expected)
+
+
 # ----------------------------------------------------------------------------------------
 # multi-head attention
 
@@ -456,6 +523,36 @@ def test_pe_odd_d_model_is_a_note_by_default_and_a_probe_on_request():
     assert_fails_with(quiet(g.check_positional_encoding, pe_even_only, odd_d_model=True),
                       "pe_odd_d_model", "odd d_model")
     assert quiet(g.check_positional_encoding, tx.sinusoidal_table, odd_d_model=True).passed
+
+
+def pe_numpy_columns(max_len, d_model, dtype=torch.float32):
+    """Correct, written unlike the reference: NumPy float64, one column at a time, power form."""
+    import numpy as np
+
+    pos = np.arange(max_len, dtype=np.float64)
+    cols = [np.sin(pos / 10000.0 ** (j / d_model)) if j % 2 == 0
+            else np.cos(pos / 10000.0 ** ((j - 1) / d_model)) for j in range(d_model)]
+    return torch.from_numpy(np.stack(cols, axis=1)).to(dtype)
+
+
+def pe_float32_angles(max_len, d_model, dtype=torch.float32):
+    return make_pe()(max_len, d_model).to(dtype)  # every step in float32
+
+
+def pe_dtype_unused(max_len, d_model, dtype=torch.float32):
+    return pe_numpy_columns(max_len, d_model)  # right numbers, always float32
+
+
+def test_pe_computed_in_float64_on_request():
+    assert quiet(g.check_positional_encoding, pe_numpy_columns, odd_d_model=True,
+                 computed_in_float64=True).passed
+    assert quiet(g.check_positional_encoding, pe_float32_angles).passed  # default: not probed
+    assert_fails_with(quiet(g.check_positional_encoding, pe_float32_angles,
+                            computed_in_float64=True), "pe_low_precision", "float32", "1e-06")
+    assert_fails_with(quiet(g.check_positional_encoding, pe_dtype_unused,
+                            computed_in_float64=True), "pe_dtype_ignored", "float64")
+    assert_fails_with(quiet(g.check_positional_encoding, make_pe(), computed_in_float64=True),
+                      "pe_dtype_ignored", "dtype argument")
 
 
 def test_pe_plain_attribute_passes_with_a_note():
