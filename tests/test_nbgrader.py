@@ -1,20 +1,21 @@
 """The real nbgrader, end to end, on the 05 masks lab (issue 23, item 4).
 
-``make nbgrader``'s exporter writes the course; nbgrader generates the student version,
-autogrades three submissions (correct, one mistake, untouched) against a SQLite gradebook and
-generates feedback. Full, partial and zero scores are asserted, and the feedback HTML must
+The commands docs/nbgrader.md shows run as written, in a fresh shell: ``make nbgrader``'s
+exporter writes the course; nbgrader generates the student version, autogrades three
+submissions (correct, one mistake, untouched) against a SQLite gradebook and generates
+feedback. Full, partial and zero scores are asserted, and the feedback HTML must
 name the mistake. Needs ``requirements-teacher.txt`` (``make test-teacher`` installs it);
 skipped with the reason where nbgrader is missing. The exported content (written questions,
 collapsed prediction graders, the checks each exercise gets) is asserted in-process without it.
 """
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import doc_shell
 import nbformat
 import pytest
 
@@ -36,15 +37,6 @@ def _lab_total(stem: str = LAB) -> dict:
     return scoring.lab_points(labinfo.lab_info(nbformat.read(path, as_version=4)), settings)
 
 
-def _run(args, cwd):
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-               PYTHONWARNINGS="ignore")
-    proc = subprocess.run([str(BIN / "nbgrader"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
 def _submission(release: Path, source: Path, change=None):
     """The released notebook with each answer cell filled from the source (solutions)."""
     nb = nbformat.read(release, as_version=4)
@@ -59,12 +51,31 @@ def _submission(release: Path, source: Path, change=None):
     return nb
 
 
+def _round_trip_block() -> list[str]:
+    """docs/nbgrader.md's round trip: export, generate, autograde, feedback."""
+    block = next(b for b in doc_shell.shell_blocks(ROOT / "docs" / "nbgrader.md")
+                 if "nbgrader autograde" in b)
+    return block.split("\n")
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    course = tmp_path_factory.mktemp("course")
-    subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
-                    str(course), "--only", LAB], check=True, capture_output=True)
-    _run(["generate_assignment", LAB, "--force"], course)
+    """The commands docs/nbgrader.md shows, run as written in a fresh shell (the venv not
+    active), with three submissions collected where the document says so: before autograde."""
+    tmp = tmp_path_factory.mktemp("nbgrader")
+    lines = _round_trip_block()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("nbgrader autograde"))
+    assert lines[at] == f"nbgrader autograde {LAB}", lines[at]
+    carry = [ln for ln in lines[:at] if ln.startswith(("source ", "cd "))]
+
+    def shell(part):
+        proc = subprocess.run(["bash", "-c", doc_shell.script("\n".join(part), tmp)],
+                              cwd=ROOT, env=doc_shell.fresh_shell_env(), capture_output=True,
+                              text=True, timeout=900)
+        assert proc.returncode == 0, "\n".join(part) + proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    shell(lines[:at])
+    course = tmp / "course"
     release = course / "release" / LAB / f"{LAB}.ipynb"
     source = course / "source" / LAB / f"{LAB}.ipynb"
     subs = {
@@ -79,9 +90,8 @@ def graded(tmp_path_factory):
         folder = course / "submitted" / student / LAB
         folder.mkdir(parents=True)
         nbformat.write(nb, folder / f"{LAB}.ipynb")
-        _run(["db", "student", "add", student], course)
-    _run(["autograde", LAB], course)
-    _run(["generate_feedback", LAB], course)
+    (tmp / "students.csv").write_text("id\n" + "\n".join(subs) + "\n")
+    shell(carry + [f"nbgrader db student import {tmp}/students.csv"] + lines[at:])
     return course
 
 
@@ -139,11 +149,11 @@ def test_student_version_hides_solutions_and_locks_cells(graded):
 
 
 @needs_nbgrader
-def test_every_lab_exports(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
-                           str(tmp_path)], check=True, capture_output=True, text=True)
-    sources = sorted(p.parent.name for p in (tmp_path / "source").glob("*/*.ipynb"))
-    assert LAB in sources and len(sources) >= 8, proc.stdout
+def test_every_lab_exports(graded):
+    """``make nbgrader`` (the round trip's first line) wrote every numbered notebook."""
+    sources = sorted(p.parent.name for p in (graded / "source").glob("*/*.ipynb"))
+    want = sorted(p.stem for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert sources == want, sources
     assert shutil.which("nbgrader", path=str(BIN))
 
 
