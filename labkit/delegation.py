@@ -18,7 +18,13 @@ Three tests, from the cheapest to the one no binding escapes:
 Parts are allowed: only the references of the exercise being marked are watched (see
 :data:`REFERENCES`; for ``check_masks``, only the mask being marked, :data:`MASK_REFERENCES`),
 so a decoder mask may call ``tx.padding_mask`` and a decoder layer may hold
-``tx.MultiHeadAttention``.
+``tx.MultiHeadAttention``. An exercise that includes a part other labs mark on their own says
+so through its check's option: notebook 11's timed exercise writes multi-head attention with its
+attention core (``check_multi_head_attention(..., core_included=True)`` watches
+``scaled_dot_product_attention`` too, :data:`CORE_REFERENCES`), while 03's lab marks the core
+at its own exercise, so there ``MultiHeadAttention`` may call an attention function as a part.
+A watch inside another (a check's own, inside :func:`labkit.mark_exercise`'s) passes every
+call on to the outer one and reports what it found to it.
 """
 from __future__ import annotations
 
@@ -56,6 +62,8 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "check_g2p_batches": ("g2p_batches",),
     "check_g2p_training": ("train_from_recipe", "live_run"),
 }
+# the parts a check's option adds to its exercise (the check watches them itself)
+CORE_REFERENCES: tuple[str, ...] = ("scaled_dot_product_attention",)
 # check_masks marks one mask function at a time: only that mask's own reference is
 # delegation (decoder_self_mask may use tx.padding_mask as a part)
 MASK_REFERENCES: dict[str, tuple[str, ...]] = {
@@ -178,9 +186,15 @@ class watch_references:
 
     def __exit__(self, *exc):
         sys.setprofile(self._previous)
+        outer = getattr(self._previous, "__self__", None)
+        if isinstance(outer, watch_references):  # a check's own watch inside mark_exercise's
+            for text in self.found:
+                outer._add(text)
         return False
 
     def _hook(self, frame, event, arg):
+        if self._previous is not None:  # an outer watch sees every call too
+            self._previous(frame, event, arg)
         if event == "c_call" and self._sdpa is not None and arg is self._sdpa:
             if self._learner_caller(frame, start=frame):
                 self._add("it calls PyTorch's scaled_dot_product_attention, the whole of the "

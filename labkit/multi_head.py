@@ -15,6 +15,7 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
+from .delegation import CORE_REFERENCES, watch_references
 from .localize import localize_attention, projection_inputs_probe, split_merge_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
@@ -76,17 +77,35 @@ def _reference_mha(d_model, n_heads, seed=3):
     return ref
 
 
-def check_multi_head_attention(cls, *, verbose: bool = True) -> CheckResult:
+def check_multi_head_attention(cls, *, verbose: bool = True,
+                               core_included: bool = False) -> CheckResult:
     """Check ``cls(d_model, n_heads, dropout)`` with w_q, w_k, w_v, w_o and
     ``forward(query, key, value, mask=None)`` (mask bool, True = masked).
 
     The reference weights of a :class:`tx_helpers.MultiHeadAttention` are copied in
     by name and both run in eval mode.
+
+    ``core_included=True``: the exercise includes the attention core (notebook 11's timed
+    exercise), so a forward that calls ``tx.scaled_dot_product_attention`` or PyTorch's
+    ``F.scaled_dot_product_attention``, by any route, fails a probe, and under
+    :func:`labkit.mark_exercise` it is delegation (0 points). Off by default: 03's lab marks
+    the core at its own exercise, and its ``MultiHeadAttention`` calls an attention function.
     """
     d_model, n_heads = 32, 4
     names = ("w_q", "w_k", "w_v", "w_o")
 
     def body(report: _Report):
+        if not core_included:
+            return checked(report)
+        with watch_references(set(CORE_REFERENCES)) as watch:
+            try:
+                checked(report)
+            finally:
+                report.probe(not watch.found, "forward computes the attention core itself"
+                             + (f" (not credited: {'; '.join(watch.found)})" if watch.found
+                                else ""))
+
+    def checked(report: _Report):
         state = {}
         try:
             main(report, state)
