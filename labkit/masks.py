@@ -73,7 +73,8 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
 
     - ``padding_fn(seq, pad_idx)`` -> (N, 1, L) (an (N, L, L) or (N, 1, 1, L) mask with the
       same key pattern passes with a note),
-    - ``lookahead_fn(size)`` -> (L, L), True strictly above the diagonal,
+    - ``lookahead_fn(size)`` -> (L, L), True strictly above the diagonal; one that takes
+      ``past`` must return (size, past + size), query i at position past + i,
     - ``decoder_fn(tgt, pad_idx)`` -> (N, L, L) = padding OR look-ahead,
     - ``cross_fn(src, tgt, pad_idx)`` -> the cross-attention mask, which must broadcast to
       (N, L_tgt, L_src) and hide the source padding: (N, 1, L_src) is best.
@@ -94,6 +95,7 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             _probe_padding(report, padding_fn, src)
         if lookahead_fn is not None:
             _probe_lookahead(report, lookahead_fn)
+            _probe_lookahead_past(report, lookahead_fn)
             _probe_device_argument(report, lookahead_fn)
         if decoder_fn is not None:
             _probe_decoder_mask(report, decoder_fn, tgt)
@@ -166,6 +168,40 @@ def _probe_lookahead(report, fn):
                      ("lookahead_masks_past", torch.tril(ones, -1))]
             if not _match_mask(report, f"{what}: ({size}, {size}), True strictly above the "
                                "diagonal", m, expected, cands):
+                return
+    _guard(report, probe)
+
+
+def _probe_lookahead_past(report, fn):
+    """``lookahead_fn(size, past=P)``, when it takes ``past`` (notebook 05's exercise, the
+    cache of notebook 09): (size, P + size), query i at position P + i sees keys 0 .. P + i."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if "past" not in params:
+        return
+
+    def probe():
+        for size, past in ((3, 2), (2, 4)):
+            what = f"lookahead_fn({size}, past={past})"
+            m = _tensor_or_fail(report, _call(report, what, fn, size, past=past), what)
+            while m.dim() > 2 and m.shape[0] == 1:
+                m = m[0]
+            expected = lookahead_mask(size, past=past)  # (size, past + size)
+            if tuple(m.shape) != tuple(expected.shape):
+                report.probe(False, f"{what} has shape (size, past + size) = "
+                             f"{tuple(expected.shape)} (got {tuple(m.shape)})")
+                report.mistake("wrong_output_shape", "the keys are the past positions and the "
+                               "new ones, past + size of them")
+                raise _Failed
+            ones = torch.ones(expected.shape, dtype=torch.bool)
+            cands = [("mask_inverted", ~expected),
+                     ("lookahead_masks_past", torch.tril(ones, past - 1))]
+            if not _match_mask(report, f"{what}: {tuple(expected.shape)}, query i sees keys "
+                               f"0 .. {past} + i", m, expected, cands):
                 return
     _guard(report, probe)
 

@@ -98,3 +98,53 @@ def test_the_notebooks_solution_passes_and_keeps_its_contract():
         with pytest.raises(ValueError) as err:
             call()
         assert all(w in str(err.value) for w in words), str(err.value)
+
+
+# The look-ahead exercise takes notebook 09's cache offset: lookahead_fn(size, past=P) is
+# (size, P + size), query i at position P + i. Written here independently of tx and of the
+# notebook's triu solution.
+def lookahead_by_positions(size, device=None, *, past=0):
+    queries = torch.arange(past, past + size, device=device)[:, None]  # (size, 1)
+    keys = torch.arange(past + size, device=device)[None, :]  # (1, past + size)
+    return keys > queries  # (size, past + size)
+
+
+def lookahead_by_cat(size, device=None, past=0):
+    square = torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+    return torch.cat([torch.zeros(size, past, dtype=torch.bool, device=device), square], dim=1)
+
+
+def lookahead_without_past(size, device=None):
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+
+
+@pytest.mark.parametrize("fn", [lookahead_by_positions, lookahead_by_cat, lookahead_without_past])
+def test_correct_lookahead_masks_pass(fn):
+    result = quiet(lookahead_fn=fn)
+    assert result.passed, result.report
+
+
+def _ones(size, past, device):
+    return torch.ones(size, past + size, dtype=torch.bool, device=device)
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda size, device=None, *, past=0: _ones(size, past, device).triu(1), "mask_rows_wrong"),
+    (lambda size, device=None, *, past=0: _ones(size, 0, device).triu(1), "wrong_output_shape"),
+    (lambda size, device=None, *, past=0: _ones(size, past, device).triu(past),
+     "mask_rows_wrong"),
+    (lambda size, device=None, *, past=0: ~lookahead_by_positions(size, device, past=past),
+     "mask_inverted"),
+    (lambda size, device=None, *, past=0: _ones(past + size, 0, device).triu(1),
+     "wrong_output_shape"),
+])
+def test_lookahead_past_mistakes_are_named(fn, key):
+    result = quiet(lookahead_fn=fn)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_the_notebooks_lookahead_mask_takes_the_cache_offset():
+    ns = _notebook_masks()
+    for size, past in ((1, 0), (3, 2), (2, 5)):
+        assert torch.equal(ns["lookahead_mask"](size, past=past),
+                           lookahead_by_positions(size, past=past))
