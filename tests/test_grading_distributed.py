@@ -86,12 +86,16 @@ def test_a_stub_and_a_crash_are_reported_not_raised():
 
 # ------------------------------------------------------------------------ AMP step
 
-def learner_step(*calls, returns="norm"):
+def learner_step(*calls, returns="norm", flag="finite norm"):
     """A learner's AMP step, typed as the calls in ``calls`` in that order (written apart from
-    the check's variants: a learner's mistake is a call moved, dropped or replaced)."""
+    the check's variants: a learner's mistake is a call moved, dropped or replaced). It returns
+    (norm, skipped); ``flag`` says how skipped is found: from the norm (``not isfinite``, unlike
+    the check's scale comparison), from the gradients, or one of the likely wrong ways."""
 
     def step(loss, model, optimizer, scaler, clip_norm):
-        grad_norm = None
+        grad_norm, bad_grads = None, None
+        scale_at_start = scaler.get_scale()
+        scale_before_update = None
         for call in calls:
             if call == "zero_grad":
                 optimizer.zero_grad(set_to_none=True)
@@ -101,6 +105,7 @@ def learner_step(*calls, returns="norm"):
                 loss.backward()
             elif call == "unscale":
                 scaler.unscale_(optimizer)
+                bad_grads = any(not torch.isfinite(p.grad).all() for p in model.parameters())
             elif call == "clip":
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip_norm)
             elif call == "scaler.step":
@@ -108,8 +113,19 @@ def learner_step(*calls, returns="norm"):
             elif call == "optimizer.step":
                 optimizer.step()
             elif call == "update":
+                scale_before_update = scaler.get_scale()
                 scaler.update()
-        return clip_norm if returns == "clip_norm" else grad_norm
+        norm = clip_norm if returns == "clip_norm" else grad_norm
+        skipped = {
+            "finite norm": lambda: ~torch.isfinite(grad_norm),  # a one-element bool tensor
+            "gradients": lambda: bad_grads,
+            "always False": lambda: False,
+            "scale changed": lambda: scaler.get_scale() != scale_at_start,  # growth too
+            "scale before update": lambda: scale_before_update is not None
+            and scale_before_update < scale_at_start,  # step alone never changes the scale
+            "inverted": lambda: scaler.get_scale() > scale_at_start,
+        }[flag]()
+        return norm if returns == "norm only" else (norm, skipped)
     return step
 
 
@@ -125,11 +141,31 @@ no_scaling = learner_step("zero_grad", "backward, unscaled loss", "unscale", "cl
 no_update = learner_step(*RIGHT[:-1])
 no_zero_grad = learner_step(*RIGHT[1:])
 norm_after_clip = learner_step(*RIGHT, returns="clip_norm")
+norm_only = learner_step(*RIGHT, returns="norm only")  # the contract before the skipped flag
 
 
 def test_the_right_step_passes():
     result = quiet(labkit.check_amp_step, amp_step)
     assert result.passed and not result.mistakes, result.report
+    assert "reported as skipped (skipped: True)" in result.report
+
+
+def test_a_flag_read_from_the_gradients_passes():
+    result = quiet(labkit.check_amp_step, learner_step(*RIGHT, flag="gradients"))
+    assert result.passed and not result.mistakes, result.report
+
+
+@pytest.mark.parametrize("flag", ["always False", "scale changed", "scale before update",
+                                  "inverted"])
+def test_a_wrong_skipped_flag_is_named(flag):
+    result = quiet(labkit.check_amp_step, learner_step(*RIGHT, flag=flag))
+    assert not result.passed and result.mistakes == ["amp_skipped_flag"], result.report
+
+
+def test_a_bare_norm_is_named():
+    result = quiet(labkit.check_amp_step, norm_only)
+    assert not result.passed and result.mistakes == ["amp_not_a_pair"], result.report
+    assert "it returned a Tensor" in result.report
 
 
 def test_the_right_step_matches_tx_train_step():
@@ -141,7 +177,7 @@ def test_the_right_step_matches_tx_train_step():
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     s1, s2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2))
-    norm = amp_step(F.cross_entropy(model(x), y) * 5, model, opt, s1, 0.5)
+    norm, skipped = amp_step(F.cross_entropy(model(x), y) * 5, model, opt, s1, 0.5)
     opt2.zero_grad()
     s2.scale(F.cross_entropy(twin(x), y) * 5).backward()
     s2.unscale_(opt2)
@@ -149,6 +185,7 @@ def test_the_right_step_matches_tx_train_step():
     s2.step(opt2)
     s2.update()
     assert torch.equal(model.weight, twin.weight) and float(norm) == float(norm2)
+    assert not skipped
 
 
 @pytest.mark.parametrize("fn, key", [
