@@ -47,7 +47,7 @@ from .model import check_transformer
 from .multi_head import check_multi_head_attention
 from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
-from .predict import check_prediction
+from .predict import check_prediction, seal_predictions, sealed_score
 from .quiz import check_shape_quiz
 from .report import CheckResult, clear_history, history
 from .silent_bugs import check_init_embeddings, check_shift_targets
@@ -58,7 +58,7 @@ __all__ = [
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
     "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
-    "check_namespace", "check_shape_quiz", "check_prediction",
+    "check_namespace", "check_shape_quiz", "check_prediction", "seal_predictions", "sealed_score",
     "check_token_mean_loss", "check_amp_step",
     "Mark", "mark_exercise", "mark_result", "mark_predictions", "find_delegation",
     "check_options",

@@ -14,6 +14,7 @@ reveal still shows.
 from __future__ import annotations
 
 import math
+import os
 import re
 from numbers import Real
 
@@ -80,15 +81,48 @@ def _shown(value) -> str:
     return repr(_normalise(value)) if not isinstance(value, str) else repr(value)
 
 
+_SEALED = False
+SEALED_LINE = ("check_prediction: {name}: recorded. Graded after you hand in: your feedback "
+               "shows the answer.")
+
+
+def seal_predictions() -> None:
+    """From now on in this kernel, :func:`check_prediction` records without revealing: no
+    ✓/✗, no true value. A graded version's first cell calls it, so a learner cannot read the
+    answer and then edit the prediction. While nbgrader grades (it sets ``NBGRADER_EXECUTION``)
+    everything is shown again, for the feedback."""
+    global _SEALED
+    _SEALED = True
+
+
+def revealing() -> bool:
+    """False in a sealed kernel (see :func:`seal_predictions`) outside nbgrader's grading."""
+    return not _SEALED or bool(os.environ.get("NBGRADER_EXECUTION"))
+
+
+def sealed_score(score: float) -> float | None:
+    """``score`` where answers are revealed, else None (a sealed cell shows no mark)."""
+    return score if revealing() else None
+
+
 def check_prediction(name: str, predicted, actual, *, tol: float | None = None,
                      rel: float | None = None, mistakes: dict | None = None,
                      verbose: bool = True) -> CheckResult:
-    """Grade ``predicted`` against ``actual`` and reveal ``actual``.
+    """Grade ``predicted`` against ``actual`` and reveal ``actual`` (unless sealed).
 
     ``name``: what was predicted, in words. ``tol``/``rel``: absolute/relative tolerance for
     numbers (exact match when both are None). ``mistakes``: known wrong answers, each mapped to
     what it means ("you counted the biases twice"); matched with the same tolerance.
     """
+    if revealing():
+        return _grade_prediction(name, predicted, actual, tol, rel, mistakes, verbose)
+    result = _grade_prediction(name, predicted, actual, tol, rel, mistakes, False)
+    if verbose:
+        print(SEALED_LINE.format(name=name))
+    return result
+
+
+def _grade_prediction(name, predicted, actual, tol, rel, mistakes, verbose) -> CheckResult:
     if not isinstance(name, str) or not name.strip():
         raise TypeError(f"name must be a non-empty string saying what was predicted, got {name!r}")
     for arg, value in (("tol", tol), ("rel", rel)):

@@ -67,3 +67,32 @@ def test_answers_typed_as_text_are_read_as_the_answer_kind(given, want):
 def test_text_that_is_not_the_answer_kind_still_fails():
     assert not labkit.check_prediction("x", "nine", 9, verbose=False).passed
     assert not labkit.check_prediction("x", "yes", True, verbose=False).passed
+
+
+def test_a_sealed_kernel_records_without_revealing(capsys, monkeypatch):
+    """Graded versions seal predictions: no ✓/✗, no true value, until nbgrader grades."""
+    from labkit import predict
+
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setattr(predict, "_SEALED", False)
+    labkit.seal_predictions()
+    wrong = labkit.check_prediction("output shape", (2, 5), (2, 3),
+                                    mistakes={(2, 5): "that is L_k, not L_q"})
+    shown = capsys.readouterr().out
+    assert "recorded" in shown and "(2, 3)" not in shown and "L_k" not in shown
+    assert "✗" not in shown and "✓" not in shown
+    assert not wrong.passed and "prediction_known_mistake" in wrong.mistakes  # still graded
+    assert labkit.sealed_score(0.5) is None
+    monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")  # nbgrader grading the hand-in
+    labkit.check_prediction("output shape", (2, 5), (2, 3))
+    assert "it is (2, 3)" in capsys.readouterr().out
+    assert labkit.sealed_score(0.5) == 0.5
+
+
+def test_an_unsealed_kernel_scores_and_reveals(capsys, monkeypatch):
+    from labkit import predict
+
+    monkeypatch.setattr(predict, "_SEALED", False)
+    assert labkit.sealed_score(0.25) == 0.25
+    labkit.check_prediction("d_k", 64, 64)
+    assert "it is 64" in capsys.readouterr().out

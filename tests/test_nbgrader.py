@@ -223,6 +223,9 @@ def test_prediction_grading_cells_are_collapsed_in_the_export():
     for cell in graders:
         assert cell.metadata.get("jupyter", {}).get("source_hidden") is True, cell.source[:80]
         assert cell.metadata["nbgrader"]["grade"], "a prediction grader is a test cell"
+        # sealed: the student's kernel shows no answer and no mark, nbgrader's grading does
+        assert "_grading.seal_predictions()" in cell.source.split("check_prediction(")[0]
+        assert cell.source.rstrip().split("\n")[-1].startswith("_grading.sealed_score(")
 
 
 def test_notebook_12s_exercises_are_autograded_by_the_checks_it_calls():

@@ -101,7 +101,9 @@ GRADED_README = """
 
 The notebooks are your teacher's graded version (nbgrader's student version): each hint
 shows only its first tier, the idea; the cells that prove the Check-yourself answers are
-left out; a cell that grades a prediction is collapsed (run it, do not open it first). Write
+left out; a cell that grades a prediction is collapsed (run it, do not open it first) and
+sealed: it records your prediction but shows neither right/wrong nor the true value, which
+you see in your teacher's feedback after you hand in. Write
 your code where a cell says `# YOUR CODE HERE`, your prediction under `# Your prediction:`,
 and your written answers where a cell says `YOUR ANSWER HERE`. Keep the other cells as
 they are: your teacher's grader matches the cells by their hidden ids.

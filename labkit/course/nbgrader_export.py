@@ -29,7 +29,10 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
   markdown answer cell worth the lab's written points (its rubric is in the teacher key); an
   ungraded drill question (tag ``answer-space``) gets an answer cell with no points;
 - the cells that call ``check_prediction`` are collapsed (``jupyter.source_hidden``): their
-  code names the answer, so the student version runs them unopened;
+  code names the answer, so the student version runs them unopened; and they are *sealed*
+  (:func:`labkit.seal_predictions`): in the student's kernel they record the prediction and
+  show neither ✓/✗ nor the true value, so an answer cannot be read and then typed in; while
+  nbgrader autogrades (``NBGRADER_EXECUTION`` set) they show both, for the feedback;
 - every other cell is *read-only* (locked); markdown answers (the ``<details>`` blocks) and
   teacher-only cells are left out, as in ``notebooks/exercises/``;
 - lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell
@@ -78,12 +81,14 @@ _mark = _grading.mark_exercise({name!r}, {name}, points={points!r}{options})
 _mark.score'''
 PREDICTION_HEAD = '''\
 import labkit as _grading
+_grading.seal_predictions()  # graded: no answer shown until nbgrader grades the hand-in
 _before = len(_grading.history())  # the predictions this cell checks come after this line
 '''
 PREDICTION_TAIL = '''
 # Autograded ({points:g} point{s}: {count} prediction{ps} x {each:g}); the last line is the score.
 _marks = _grading.mark_predictions(_grading.history()[_before:], points_each=1)
-{points!r} * (sum(_m.score for _m in _marks) / len(_marks) if _marks else 0.0)'''
+_share = sum(_m.score for _m in _marks) / len(_marks) if _marks else 0.0
+_grading.sealed_score({points!r} * _share)'''
 WRITTEN_ANSWER = "YOUR ANSWER HERE"  # nbgrader's own placeholder in a markdown answer cell
 MANUAL_NOTE = ("# Marked by hand ({points:g} point{s}): no automatic check covers {names}; "
                "the notebook's own checks above and below show whether it works.\n")
