@@ -14,7 +14,8 @@ under none of the others (``tests/test_silent_bugs.py`` runs them all):
   deviation 1: the attention entropy at initialisation collapses.
 
 :func:`suspect` wraps each in a :class:`Pipeline` (a model builder and a batch maker), so the
-kind of a suspect does not say which measurement to run. The fixes: an attention core
+kind of a suspect does not say which measurement to run; ``suspect("control", config)`` is a
+correct pipeline to compare the readings with. The fixes: an attention core
 (``labkit.check_attention``), :func:`check_shift_targets` and :func:`check_init_embeddings`.
 """
 from __future__ import annotations
@@ -165,9 +166,12 @@ def _plain(config, seed):
 
 
 def suspect(name: str, config) -> Pipeline:
-    """Suspect ``"A"``, ``"B"`` or ``"C"`` as a :class:`Pipeline` for ``config``."""
+    """Suspect ``"A"``, ``"B"`` or ``"C"`` as a :class:`Pipeline` for ``config``; ``"control"``
+    is a correct pipeline (a plain ``tx.Transformer`` and shifted batches), the reference that
+    each measurement's readings on the suspects are compared with."""
     parts = {"A": (suspect_model, _reverse_batches), "B": (_plain, suspect_batches),
-             "C": (lambda c, s: suspect_init(_plain(c, s)), _reverse_batches)}
+             "C": (lambda c, s: suspect_init(_plain(c, s)), _reverse_batches),
+             "control": (_plain, _reverse_batches)}
     if name not in parts:
         raise ValueError(f"name must be one of {sorted(parts)}, got {name!r}")
     return Pipeline(name, config, *parts[name])

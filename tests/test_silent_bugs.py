@@ -169,3 +169,15 @@ def test_pipelines_hide_which_part_is_suspect():
     assert torch.equal(tgt_in, tgt_out)
     with pytest.raises(ValueError, match="name must be one of"):
         sb.suspect("D", cfg)
+
+
+def test_the_control_pipeline_is_correct_under_every_quick_measurement():
+    cfg = config()
+    control = sb.suspect("control", cfg)
+    model = control.model().eval()
+    torch.manual_seed(0)
+    clean = tx.Transformer(cfg).eval()
+    assert not pads_change(model) and not sees_future(model)
+    assert entropy(model) == pytest.approx(entropy(clean))
+    src, tgt_in, tgt_out = next(control.batches(1, 4))
+    assert torch.equal(tgt_in[:, 1:], tgt_out[:, :-1]) and tgt_in.shape == (4, L + 1)
