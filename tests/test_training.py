@@ -72,8 +72,11 @@ def test_cooldown_needs_a_total_it_fits_in(kwargs, error, match):
 
 def test_scheduler_refuses_a_base_lr_that_would_rescale_the_schedule():
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    with pytest.raises(ValueError, match="base lr to be 1.0"):
+    with pytest.raises(ValueError, match="base lr to be 1.0") as raised:
         noam_scheduler(opt, 128, 4000)
+    assert str(raised.value).endswith(
+        "build the optimizer with lr=1.0 (e.g. paper_adam(model.parameters())) and scale the curve "
+        "with noam_scheduler(..., factor=...)")
 
 
 def copy_batches(n_batches, batch_size=16, length=6, vocab=12, seed=0):

@@ -82,7 +82,8 @@ def noam_scheduler(optimizer, d_model: int, warmup: int = 4000, factor: float = 
             raise ValueError(
                 f"noam_scheduler needs the optimizer's base lr to be 1.0 (LambdaLR multiplies "
                 f"it by the Noam rate), got lr={base} in param group {i}; build the optimizer "
-                f"with lr=1.0 (e.g. paper_adam(model.parameters())) and scale with factor="
+                f"with lr=1.0 (e.g. paper_adam(model.parameters())) and scale the curve with "
+                "noam_scheduler(..., factor=...)"
             )
     if cooldown:
         check_positive_int("cooldown", cooldown)
