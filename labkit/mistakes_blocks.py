@@ -85,6 +85,20 @@ BLOCKS: dict[str, tuple[str, str]] = {
                          "the angles reach hundreds of radians, where float32's neighbouring "
                          "numbers lie far apart: compute the angles in float64 and round the "
                          "finished table once"),
+    "pe_start_ignored": ("forward(x, start) adds the rows of positions 0 .. L - 1, whatever "
+                         "start says",
+                         "a sequence that continues from position start holds positions start "
+                         "onwards: its rows of the table begin there"),
+    "pe_no_length_check": ("positions past max_len are not checked: the unchecked slice gives "
+                           "fewer rows and the addition fails with a broadcasting error, or "
+                           "nothing fails",
+                           "slicing past the end of a tensor is not an error: compare the last "
+                           "position with the table's length before slicing, and say what is "
+                           "wrong"),
+    "pe_length_message": ("the ValueError for positions past max_len does not name the length, "
+                          "the start and max_len",
+                          "a message a learner can act on gives the numbers that clash, so "
+                          "the caller sees which one to change"),
     "pe_odd_d_model": ("the table fails or is wrong for an odd d_model: there is one cos "
                        "column fewer than sin columns",
                        "with an odd d_model there is one more sine column than cosine columns"),

@@ -191,6 +191,7 @@ def _describe_columns(report: _Report, table: torch.Tensor, d_model: int,
 
 def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                               computed_in_float64: bool = False,
+                              forward_start: bool = False,
                               verbose: bool = True) -> CheckResult:
     """Check a sinusoidal positional encoding against :func:`tx_helpers.sinusoidal_table`.
 
@@ -209,6 +210,10 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
     default float32 within 1e-6 of the float64 table rounded once, and ``dtype=torch.float64``
     giving a float64 table within 1e-9. Angles computed in float32 are off by 1e-6 to 1e-4
     at the far positions, so they fail both.
+
+    ``forward_start=True`` (notebook 02's second exercise, a class) also probes
+    ``forward(x, start)``: rows ``start .. start + L - 1`` are added, and positions past
+    ``max_len`` raise a ValueError whose message names L, start and max_len.
     """
     max_len, d_model = 50, 16
     ref = sinusoidal_table(max_len, d_model)
@@ -311,8 +316,44 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                         expected, axes, variant_forward, lambda t: t[:, :4]):
             if "mismatch" in report.found:
                 _localize_forward(report, module, x, out, d_model)
+        elif forward_start:
+            _start_probes(report, module, x, ref, max_len)
 
     return _run_check("check_positional_encoding", body, verbose, fn_or_cls)
+
+
+def _start_probes(report: _Report, module, x, ref, max_len: int) -> None:
+    """forward(x, start): the rows of positions start .. start + L - 1, or a ValueError."""
+    length, start = x.size(1), 3
+    out = _as_output(report, _call(report, f"forward(x, start={start}) with L={length}", module,
+                                   x.clone(), start=start))
+    if not report.probe(_close(out, x + ref[start:start + length]),
+                        f"forward(x, start={start}) returns x + pe[{start}:{start + length}]"):
+        if _close(out, x + ref[:length]):
+            report.mistake("pe_start_ignored", f"forward(x, start={start}) added pe[:{length}]")
+        else:
+            report.mistake("mismatch", f"forward(x, start={start}) differs from "
+                           f"x + pe[{start}:{start + length}]")
+        return
+    late = max_len - length + 2  # the last two positions do not exist
+    what = (f"forward(x, start={late}) with L={length} and max_len={max_len} raises a "
+            f"ValueError naming L and start (or their sum) and max_len")
+    try:
+        module(x.clone(), start=late)
+    except ValueError as exc:
+        msg = str(exc)
+        named = str(max_len) in msg and (str(late + length) in msg  # the end, or L and start
+                                         or all(str(n) in msg for n in (length, late)))
+        if not report.probe(named, what + ("" if named else f" (it says: {msg})")):
+            report.mistake("pe_length_message", f"the message was: {msg}")
+        return
+    except Exception as exc:  # noqa: BLE001 - the unchecked slice's own error
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        report.probe(False, f"{what} (it raised {type(exc).__name__}: {first})")
+        report.mistake("pe_no_length_check", f"{type(exc).__name__}: {first}")
+        return
+    report.probe(False, f"{what} (it returned without an error)")
+    report.mistake("pe_no_length_check", "it returned an output for positions the table lacks")
 
 
 def _table_float64(max_len: int, d_model: int) -> torch.Tensor:

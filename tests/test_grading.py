@@ -555,6 +555,50 @@ def test_pe_computed_in_float64_on_request():
                       "pe_dtype_ignored", "dtype argument")
 
 
+class PEStartByIndex(nn.Module):
+    """Correct forward(x, start), written unlike tx: index_select on an arange, a range test."""
+
+    def __init__(self, d_model, max_len=512, dropout=0.1):
+        super().__init__()
+        self.register_buffer("pe", pe_numpy_columns(max_len, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, start=0):
+        idx = torch.arange(start, start + x.shape[1])
+        if idx[-1] >= self.pe.shape[0]:
+            raise ValueError(f"L={x.shape[1]} from start={start}: max_len={self.pe.shape[0]}")
+        return self.drop(x + self.pe.index_select(0, idx))
+
+
+class PEStartIgnored(PEStartByIndex):
+    def forward(self, x, start=0):
+        return self.drop(x + self.pe[: x.shape[1]])
+
+
+class PEStartUnchecked(PEStartByIndex):
+    def forward(self, x, start=0):
+        return self.drop(x + self.pe[start: start + x.shape[1]])
+
+
+class PEStartVagueMessage(PEStartByIndex):
+    def forward(self, x, start=0):
+        if start + x.shape[1] > self.pe.shape[0]:
+            raise ValueError("sequence too long")
+        return self.drop(x + self.pe[start: start + x.shape[1]])
+
+
+def test_pe_forward_start_on_request():
+    for cls in (PEStartByIndex, tx.PositionalEncoding):
+        assert quiet(g.check_positional_encoding, cls, forward_start=True).passed
+    assert quiet(g.check_positional_encoding, PEStartIgnored).passed  # default: not probed
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartIgnored, forward_start=True),
+                      "pe_start_ignored", "pe[:7]")
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartUnchecked, forward_start=True),
+                      "pe_no_length_check", "broadcasting")
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartVagueMessage,
+                            forward_start=True), "pe_length_message", "sequence too long")
+
+
 def test_pe_plain_attribute_passes_with_a_note():
     result = quiet(g.check_positional_encoding, PEPlainAttribute)
     assert result.passed and "plain attribute" in result.report, result.report
