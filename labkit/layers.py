@@ -18,8 +18,41 @@ from .compare import (
 )
 from .dropout import dropout_probe
 from .localize_stack import layer_probe
+from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference, locate
+
+MISTAKES.update({
+    "norm_called_repeatedly": (
+        "a LayerNorm runs more than once per forward (the article's Pre-LN snippet calls "
+        "norm1 three times, defect 10): the output is the same, the work is not",
+        "normalise once into a local name and pass that name to every argument that needs it"),
+})
+
+
+def _norm_calls_probe(report: _Report, module, norms, run) -> None:
+    """Each LayerNorm of the layer runs exactly once per forward, in either layout (probed
+    only where the layer has them under these names: a ModuleList of norms is not counted)."""
+    found = {name: getattr(module, name, None) for name in norms}
+    if not all(isinstance(m, torch.nn.Module) for m in found.values()):
+        return
+    counts = dict.fromkeys(norms, 0)
+    handles = []
+    for name, norm in found.items():
+        def hook(*_, name=name):
+            counts[name] += 1
+        handles.append(norm.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            run(module)
+    finally:
+        for h in handles:
+            h.remove()
+    extra = {n: c for n, c in counts.items() if c > 1}
+    if not report.probe(not extra, "each of " + ", ".join(norms) + " runs once per forward"
+                        + (f" (runs: {counts})" if extra else "")):
+        report.mistake("norm_called_repeatedly",
+                       ", ".join(f"{n} ran {c} times" for n, c in extra.items()))
 
 
 def _sublayers(x, steps, order, residual):
@@ -133,6 +166,9 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                      ("feed_forward", lambda f, h: f(h), "norm2")]
             dropout_probe(report, module, ref, lambda mod: mod(x.clone(), mask), parts, x,
                           norm_first)
+        if not report.found:
+            _norm_calls_probe(report, module, ("norm1", "norm2"),
+                              lambda mod: mod(x.clone(), mask))
 
     return _run_check("check_encoder_layer", body, verbose, cls)
 
@@ -217,10 +253,11 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             dropout_probe(report, module, ref,
                           lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask),
                           parts, x, norm_first)
+        if not report.found:
+            _norm_calls_probe(report, module, ("norm1", "norm2", "norm3"),
+                              lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask))
 
     return _run_check("check_decoder_layer", body, verbose, cls)
-
-
 
 
 
