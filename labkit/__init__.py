@@ -23,11 +23,12 @@ printed report), ``compare`` and ``weights`` (the comparison machinery; weights 
 placed by parameter path, one mechanism for every check), then one module per block,
 and ``discovery`` (pairing a notebook's names with checks).
 """
+from .amp import check_amp_step
 from .attention import check_attention
 from .beam import check_beam_search, run_beam_search
 from .decoding import check_greedy_decode
 from .discovery import check_namespace, find_checks
-from .distributed import check_amp_step, check_token_mean_loss
+from .distributed import check_token_mean_loss
 from .feed_forward import check_feed_forward
 from .g2p import check_phone_error_rate
 from .g2p_batching import check_g2p_batches, check_g2p_training

@@ -29,10 +29,8 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
   markdown answer cell worth the lab's written points (its rubric is in the teacher key); an
   ungraded drill question (tag ``answer-space``) gets an answer cell with no points;
 - the cells that call ``check_prediction`` are collapsed (``jupyter.source_hidden``): their
-  code names the answer, so the student version runs them unopened; and they are *sealed*
-  (:func:`labkit.seal_predictions`): in the student's kernel they record the prediction and
-  show neither ✓/✗ nor the true value, so an answer cannot be read and then typed in; while
-  nbgrader autogrades (``NBGRADER_EXECUTION`` set) they show both, for the feedback;
+  code names the answer, so the student version runs them unopened; and *sealed*
+  (:func:`labkit.seal_predictions`): no ✓/✗ or true value until nbgrader autogrades;
 - every other cell is *read-only* (locked); markdown answers (the ``<details>`` blocks) and
   teacher-only cells are left out, as in ``notebooks/exercises/``;
 - lines between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS`` outside a test cell

@@ -1,0 +1,290 @@
+"""Check for notebook 12's second lab: the optimizer step of mixed-precision training.
+
+:func:`check_amp_step` grades ``fn(loss, model, optimizer, scaler, clip_norm) -> (grad_norm,
+skipped)``, the rest of a mixed-precision step after the forward pass: scale the loss, backward,
+unscale, clip, step through the scaler, update the scale, and say whether the scaler skipped the
+step. It runs the learner's step with a real ``torch.amp.GradScaler`` (on the CPU) and compares
+the weights and the scale with the right order and with the known wrong ones (clipping before
+unscaling, no unscale, update before step, ``optimizer.step()`` that bypasses the scaler, no loss
+scaling); a step whose loss is infinite must be skipped and reported as skipped, and the finite
+steps (whose scale grows here) as not skipped.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .mistakes import MISTAKES
+from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+MISTAKES.update({
+    "amp_clip_before_unscale": ("the gradients were clipped while still multiplied by the "
+                                "loss scale",
+                                "while the gradients still carry the loss scale, their norm is "
+                                "that of the scaled gradients, not the true ones"),
+    "amp_no_unscale": ("the gradients are never unscaled before clipping",
+                       "clipping must see the true gradients, so the loss scale has to be taken "
+                       "out first"),
+    "amp_update_before_step": ("scaler.update() ran before scaler.step(optimizer)",
+                               "the scaler decides whether to skip the step from this step's "
+                               "gradients, and only then adapts the scale"),
+    "amp_optimizer_step_bypasses_scaler": ("optimizer.step() was called directly",
+                                           "an update must go through the scaler, which skips it "
+                                           "when a gradient is inf or NaN"),
+    "amp_no_loss_scaling": ("backward ran on the unscaled loss",
+                            "small float16 gradients underflow to zero unless the loss is scaled "
+                            "up before backward"),
+    "amp_no_update": ("scaler.update() is never called",
+                      "the scale adapts once per step, after the update"),
+    "amp_overflow_not_skipped": ("a step with an infinite loss changed the weights",
+                                 "a step whose gradients hold inf or NaN must leave the weights "
+                                 "unchanged: the scaler decides that"),
+    "amp_grad_norm": ("the returned gradient norm is not the norm of the true gradients before "
+                      "clipping",
+                      "the norm to return is that of the true gradients, measured before clipping"),
+    "amp_not_a_pair": ("the step does not return the pair (grad_norm, skipped)",
+                       "return two values: the true gradient norm before clipping, and True or "
+                       "False for whether the scaler skipped this step"),
+    "amp_skipped_flag": ("the returned skipped flag does not say whether the scaler skipped "
+                         "the step",
+                         "it must be True exactly on a step whose true gradients held inf or "
+                         "NaN (the weights stay unchanged), and False on every other step, "
+                         "including one where the scale grows"),
+})
+
+
+class _Spy:
+    """Delegates to ``target`` and records the names of the methods called, in order."""
+
+    def __init__(self, target, log: list, prefix: str):
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_log", log)
+        object.__setattr__(self, "_prefix", prefix)
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        if callable(attr) and not name.startswith("_"):
+            def call(*args, **kwargs):
+                self._log.append(f"{self._prefix}.{name}")
+                args = tuple(a._target if isinstance(a, _Spy) else a for a in args)
+                return attr(*args, **kwargs)
+            return call
+        return attr
+
+    def __setattr__(self, name, value):
+        setattr(self._target, name, value)
+
+
+def _amp_setup(seed: int):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=1)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x, y = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+    return model, opt, scaler, x, y
+
+
+def _loss(model, x, y, blow_up=False):
+    loss = F.cross_entropy(model(x), y) * 5.0  # a large gradient, so clipping at 0.5 acts
+    return loss * math.inf if blow_up else loss
+
+
+def _amp_step(loss, model, opt, scaler, clip, *, zero_grad=True, unscale="before_clip",
+              through_scaler=True):
+    """The right AMP step (the defaults) and its known wrong variants, one option each:
+    no zeroing, unscaling after clipping or never, ``optimizer.step()`` past the scaler.
+    Returns (norm, skipped): the scale only drops at the update after a skipped step."""
+    scale = scaler.get_scale()
+    if zero_grad:
+        opt.zero_grad()
+    scaler.scale(loss).backward()
+    if unscale == "before_clip":
+        scaler.unscale_(opt)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if unscale == "after_clip":
+        scaler.unscale_(opt)
+    if through_scaler:
+        scaler.step(opt)
+    else:
+        opt.step()
+    scaler.update()
+    return norm, scaler.get_scale() < scale
+
+
+_right = _amp_step
+_AMP_VARIANTS = {  # mistake key -> the options of _amp_step that plant it
+    "no_zero_grad": {"zero_grad": False},
+    "amp_clip_before_unscale": {"unscale": "after_clip"},
+    "amp_no_unscale": {"unscale": "never"},
+    "amp_optimizer_step_bypasses_scaler": {"through_scaler": False},
+}
+
+
+def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None):
+    """Weights, the scale after each step, what each step returned, after ``n_steps`` of
+    ``step`` (and the call log with spy)."""
+    model, opt, scaler, x, y = _amp_setup(seed)
+    log = [] if log is None else log
+    outs, scales = [], []
+    for i in range(n_steps):
+        s_opt = _Spy(opt, log, "optimizer") if spy else opt
+        s_scaler = _Spy(scaler, log, "scaler") if spy else scaler
+        with torch.enable_grad():
+            loss = _loss(model, x, y, blow_up=(i == blow_up_at))
+            outs.append(step(loss, model, s_opt, s_scaler, clip))
+        scales.append(scaler.get_scale())
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return weights, scales, outs, log
+
+
+def _flag(value):
+    """A returned skipped flag as a bool (a bool, 0/1 or a one-element bool tensor), else None."""
+    if isinstance(value, torch.Tensor):
+        return bool(value) if value.numel() == 1 and value.dtype == torch.bool else None
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def _split(outs):
+    """(norms, flags, is_pair) from a step's returns; a norm or flag that cannot be read is None."""
+    norms, flags, is_pair = [], [], True
+    for out in outs:
+        if isinstance(out, (tuple, list)) and len(out) == 2:
+            norm, flag = out
+        else:  # e.g. the norm alone
+            norm, flag, is_pair = out, None, False
+        try:
+            norms.append(float(norm))
+        except (TypeError, ValueError, RuntimeError):
+            norms.append(None)
+        flags.append(_flag(flag))
+    return norms, flags, is_pair
+
+
+def _shown_flag(flag, out) -> str:
+    """How a returned flag is printed: True/False, or what was returned instead."""
+    return str(flag) if flag is not None else _describe(out[1])
+
+
+def _describe(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _name_from_log(report: _Report, log: list) -> None:
+    """Mistakes that the order of the calls shows by itself (the call log of the spies)."""
+    if "scaler.scale" not in log:
+        report.mistake("amp_no_loss_scaling")
+    if "optimizer.step" in log and "scaler.step" not in log:
+        report.mistake("amp_optimizer_step_bypasses_scaler")
+    if "scaler.update" not in log:
+        report.mistake("amp_no_update")
+    if "scaler.update" in log and "scaler.step" in log and \
+            log.index("scaler.update") < log.index("scaler.step"):
+        report.mistake("amp_update_before_step")
+    if len(report.found) > 1:
+        report.found.pop("exception", None)  # the named mistake explains the exception
+
+
+def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(loss, model, optimizer, scaler, clip_norm) -> (grad_norm, skipped)``: the
+    mixed-precision step after the forward pass, in the order scale, backward, unscale, clip,
+    step, update.
+
+    ``loss`` is a scalar with a graph, ``scaler`` a ``torch.amp.GradScaler``; the gradients may
+    hold the previous step's values on entry (zero them). Return the norm of the true gradients
+    before clipping (what ``clip_grad_norm_`` returns after ``unscale_``) and whether the scaler
+    skipped the step (a bool, or a one-element bool tensor). Three steps from the same start must
+    give the reference's weights, scale and norms, each reported as not skipped (the scale grows
+    after every finite step here); a fourth run with an infinite loss at step 2 must skip that
+    step and report it as skipped.
+    """
+
+    def body(report: _Report):
+        want_w, want_scales, want_outs, _ = _run_steps(_right)
+        want_norms, want_flags, _ = _split(want_outs)
+        assert want_flags == [False] * 3
+        log = []
+        try:
+            got_w, got_scales, got_outs, _ = _call(report, "your step, 3 times", _run_steps, fn,
+                                                   spy=True, log=log)
+        except _Failed:
+            if "not_implemented" not in report.found:
+                _name_from_log(report, log)
+            raise
+        _name_from_log(report, log)
+        first = log[:len(log) // 3 or None]
+        shown = [c for c in first if not c.split(".", 1)[1].startswith(("get_", "is_"))]
+        report.probe(not report.found, "the calls of one step: " + " -> ".join(shown))
+        got_norms, got_flags, is_pair = _split(got_outs)
+        if not is_pair:
+            report.probe(False, "your step returns the pair (grad_norm, skipped); it returned "
+                         + _describe(got_outs[0]))
+            report.mistake("amp_not_a_pair")
+        same_w = torch.allclose(got_w, want_w, rtol=1e-5, atol=1e-7)
+        report.probe(same_w, "weights after 3 steps equal the reference step's")
+        got_scale, want_scale = got_scales[-1], want_scales[-1]
+        report.probe(got_scale == want_scale, f"the loss scale after 3 steps: {got_scale:g} "
+                     f"(reference {want_scale:g}: it grows after each finite step here)")
+        norms_ok = all(g is not None and math.isclose(g, w, rel_tol=1e-4)
+                       for g, w in zip(got_norms, want_norms, strict=True))
+        report.probe(norms_ok, "the returned gradient norms are the true (unscaled) norms "
+                     "before clipping")
+        if not same_w:
+            for key, options in _AMP_VARIANTS.items():
+                w, _, _, _ = _run_steps(functools.partial(_amp_step, **options))
+                if torch.allclose(got_w, w, rtol=1e-5, atol=1e-7):
+                    report.mistake(key)
+                    break
+            else:
+                if "scaler.unscale_" not in log:
+                    report.mistake("amp_no_unscale")
+                elif "scaler.step" not in log:
+                    report.mistake("amp_optimizer_step_bypasses_scaler")
+                else:
+                    report.mistake("mismatch")
+        elif not norms_ok:
+            report.mistake("amp_grad_norm")
+        flags_ok = got_flags == want_flags
+        if is_pair:
+            shown = [_shown_flag(f, out) for f, out in zip(got_flags, got_outs, strict=True)]
+            report.probe(flags_ok, "the 3 finite steps are reported as not skipped (skipped: "
+                         f"{', '.join(shown)})")
+        # an overflowing step must be skipped, reported as skipped, and the scale must drop
+        want_w, want_scales, want_outs, _ = _run_steps(_right, n_steps=2, blow_up_at=1)
+        assert torch.allclose(want_w, _run_steps(_right, n_steps=1)[0])
+        assert _split(want_outs)[1] == [False, True]
+        try:
+            start_w, _, _, _ = _run_steps(fn, n_steps=1)  # the learner's own first step
+            got_w, got_scales, got_outs, _ = _run_steps(fn, n_steps=2, blow_up_at=1)
+        except Exception as exc:  # noqa: BLE001 - the learner's step on an infinite loss
+            report.probe(False, f"a step with an infinite loss: raised {type(exc).__name__}")
+            report.mistake("amp_overflow_not_skipped")
+            return
+        skipped = torch.allclose(got_w, start_w, rtol=1e-5, atol=1e-7) and bool(
+            torch.isfinite(got_w).all())
+        report.probe(skipped, "a step with an infinite loss is skipped (weights unchanged, "
+                     f"scale {got_scales[0]:g} -> {got_scales[1]:g}, reference "
+                     f"{want_scales[0]:g} -> {want_scales[1]:g})")
+        if not skipped:
+            report.mistake("amp_overflow_not_skipped")
+        _, flags, still_pair = _split(got_outs)
+        if is_pair and still_pair:
+            report.probe(flags[1] is True, "that step is reported as skipped (skipped: "
+                         f"{_shown_flag(flags[1], got_outs[1])})")
+            if not (flags_ok and flags[1] is True):
+                report.mistake("amp_skipped_flag")
+
+    return _run_check("check_amp_step", body, verbose, fn)
+
+
+__all__ = ["check_amp_step"]

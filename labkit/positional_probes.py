@@ -1,0 +1,89 @@
+"""Probes of check_positional_encoding beyond the table's values: a ``forward(x, start)``
+that offsets into the table and refuses a sequence past ``max_len`` (notebook 02's second
+exercise), and a table computed in float64 (a 512 x 128 table in float32 and float64)."""
+from __future__ import annotations
+
+import torch
+
+from .compare import _as_output, _close
+from .report import _call, _explain, _Report
+
+
+def _start_probes(report: _Report, module, x, ref, max_len: int) -> None:
+    """forward(x, start): the rows of positions start .. start + L - 1, or a ValueError."""
+    length, start = x.size(1), 3
+    out = _as_output(report, _call(report, f"forward(x, start={start}) with L={length}", module,
+                                   x.clone(), start=start))
+    if not report.probe(_close(out, x + ref[start:start + length]),
+                        f"forward(x, start={start}) returns x + pe[{start}:{start + length}]"):
+        if _close(out, x + ref[:length]):
+            report.mistake("pe_start_ignored", f"forward(x, start={start}) added pe[:{length}]")
+        else:
+            report.mistake("mismatch", f"forward(x, start={start}) differs from "
+                           f"x + pe[{start}:{start + length}]")
+        return
+    late = max_len - length + 2  # the last two positions do not exist
+    what = (f"forward(x, start={late}) with L={length} and max_len={max_len} raises a "
+            f"ValueError naming L and start (or their sum) and max_len")
+    try:
+        module(x.clone(), start=late)
+    except ValueError as exc:
+        msg = str(exc)
+        named = str(max_len) in msg and (str(late + length) in msg  # the end, or L and start
+                                         or all(str(n) in msg for n in (length, late)))
+        if not report.probe(named, what + ("" if named else f" (it says: {msg})")):
+            report.mistake("pe_length_message", f"the message was: {msg}")
+        return
+    except Exception as exc:  # noqa: BLE001 - the unchecked slice's own error
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        report.probe(False, f"{what} (it raised {type(exc).__name__}: {first})")
+        report.mistake("pe_no_length_check", f"{type(exc).__name__}: {first}")
+        return
+    report.probe(False, f"{what} (it returned without an error)")
+    report.mistake("pe_no_length_check", "it returned an output for positions the table lacks")
+
+
+def _table_float64(max_len: int, d_model: int) -> torch.Tensor:
+    """The table with every step in float64 (the precision probes' reference)."""
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * omega)
+    pe[:, 1::2] = torch.cos(pos * omega[: d_model // 2])
+    return pe  # (max_len, d_model)
+
+
+def _precision_probes(report: _Report, fn) -> None:
+    """512 x 128: float32 by default within 1e-6 of float64-then-rounded; float64 within 1e-9."""
+    max_len, d_model = 512, 128
+    ref = _table_float64(max_len, d_model)
+    for kwargs, dtype, tol in (({}, torch.float32, 1e-6), ({"dtype": torch.float64},
+                                                          torch.float64, 1e-9)):
+        call = f"fn({max_len}, {d_model}" + (", dtype=torch.float64)" if kwargs else ")")
+        text = (f"{call} is a {str(dtype).replace('torch.', '')} table within {tol:.0e} of the "
+                "table computed in float64" + (" and rounded once" if not kwargs else ""))
+        try:
+            table = fn(max_len, d_model, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if kwargs and isinstance(exc, TypeError) and "dtype" in msg:
+                report.probe(False, f"{text} (it raised TypeError: {msg})")
+                report.mistake("pe_dtype_ignored", "fn does not take the dtype argument")
+            else:
+                _explain(report, call, exc)
+            return
+        if not isinstance(table, torch.Tensor) or tuple(table.shape) != (max_len, d_model):
+            report.probe(False, f"{text} (got {type(table).__name__} of shape "
+                         f"{tuple(getattr(table, 'shape', ()))})")
+            report.mistake("wrong_output_shape")
+            return
+        err = float((table.double() - ref).abs().max())
+        if report.probe(table.dtype == dtype and err < tol, text):
+            continue
+        if table.dtype != dtype:
+            report.mistake("pe_dtype_ignored", f"{call} returned {table.dtype}")
+        elif err < 1e-2:
+            report.mistake("pe_low_precision", f"{call} is off by up to {err:.1e}, above "
+                           f"{tol:.0e}")
+        else:
+            report.mistake("mismatch", f"{call} differs from the table by up to {err:.3g}")
