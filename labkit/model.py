@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import torch
 from torch import nn
 
 from tx_helpers.config import ModelConfig
-from tx_helpers.masks import decoder_self_mask, padding_mask
+from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
 from tx_helpers.model import Transformer
 
 from .compare import (
@@ -57,14 +58,22 @@ _TF_AXES = {
 }
 
 
+_TF_SHAPES = ("src (N, L_src), tgt (N, L_tgt) token ids; src_mask (N, 1, L_src), "
+              "tgt_mask (N, L_tgt, L_tgt); logits (N, L_tgt, tgt_vocab_size)")
+
+
 def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool = False,
-                      verbose: bool = True) -> CheckResult:
+                      default_masks: bool = False, verbose: bool = True) -> CheckResult:
     """Check ``cls(config: tx.ModelConfig)`` with encoder, decoder, generator (tx's submodule
     names) and ``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits``.
 
     The reference :class:`tx_helpers.Transformer` parameters are copied in by name
     (load_state_dict, strict=False); positional-encoding buffers stay the learner's.
     Masks are passed explicitly: src_mask (N, 1, L_src), tgt_mask (N, L_tgt, L_tgt).
+    ``default_masks=True`` (notebook 07's contract, ``tx.Transformer.forward``'s) also calls
+    ``forward(src, tgt)`` with both masks left as None and expects the reference's default
+    masks, built from ``config.pad_idx``; without it a forward that takes the masks as given
+    (06's ``MyTransformer``) passes.
     ``norm_first=True`` expects a Pre-LN model (the config passed has ``norm_first=True``).
     Submodules under other usual names are found (see :mod:`labkit.weights`).
     ``share_embeddings=True`` passes a config with one vocabulary (29) and
@@ -96,8 +105,7 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
         def run(s, t, sm, tm, what):
             return _as_output(report, _call(
                 report, what, module, s.clone(), t.clone(), sm.clone(), tm.clone(),
-                shape_hint="src (N, L_src), tgt (N, L_tgt) token ids; src_mask (N, 1, L_src), "
-                "tgt_mask (N, L_tgt, L_tgt); logits (N, L_tgt, tgt_vocab_size)"))
+                shape_hint=_TF_SHAPES))
 
         what = "forward(src, tgt, src_mask, tgt_mask) with L_src=7, L_tgt=5"
         out = run(src, tgt, src_mask, tgt_mask, what)
@@ -142,8 +150,45 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
                    "forward with different tokens under the source padding mask")
         if not report.probe(_close(out, out3), "tokens under src_mask do not change the logits"):
             report.mistake("source_padding_leaks")
+        if default_masks:
+            _check_default_masks(report, module, ref, src, tgt)
 
     return _run_check("check_transformer", body, verbose, cls)
+
+
+def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) -> None:
+    """``forward(src, tgt)`` with both masks left as None must build the reference's defaults:
+    the padding mask (N, 1, L_src) for the encoder and cross-attention, and padding OR
+    look-ahead (N, L_tgt, L_tgt) for the decoder's self-attention."""
+    out = _as_output(report, _call(report, "forward(src, tgt) with both masks left as None",
+                                   module, src.clone(), tgt.clone(), shape_hint=_TF_SHAPES))
+    if report.probe(_close(out, ref(src, tgt)), "forward(src, tgt) with both masks left as "
+                    "None builds them from config.pad_idx, as the reference does"):
+        return
+    pad = ref.config.pad_idx
+    src_mask, tgt_mask = padding_mask(src, pad), decoder_self_mask(tgt, pad)
+    src_cases = [(src_mask, True, None),
+                 (None, True, ("source_padding_leaks", "with src_mask left as None, forward "
+                               "does not build the source padding mask")),
+                 (src_mask, False, ("memory_mask_not_passed", "the source mask forward builds "
+                                    "for None reaches the encoder but not cross-attention"))]
+    tgt_cases = [(tgt_mask, None),
+                 (None, ("decoder_sees_future", "with tgt_mask left as None, forward does not "
+                         "build the target mask")),
+                 (padding_mask(tgt, pad), ("decoder_mask_no_lookahead", "in the mask forward "
+                                           "builds for tgt_mask=None")),
+                 (lookahead_mask(tgt.size(1)), ("decoder_mask_no_padding", "in the mask "
+                                                "forward builds for tgt_mask=None"))]
+    with torch.no_grad():
+        for (sm, memory_mask, src_wrong), (tm, tgt_wrong) in itertools.product(src_cases,
+                                                                               tgt_cases):
+            wrong = [w for w in (src_wrong, tgt_wrong) if w is not None]
+            if wrong and _close(out, _transformer_variant(ref, src, tgt, sm, tm,
+                                                          memory_mask=memory_mask)):
+                for key, detail in wrong:
+                    report.mistake(key, detail)
+                return
+    report.mistake("mismatch", "forward(src, tgt) with both masks left as None")
 
 
 def _check_tied(report: _Report, module, config) -> None:
