@@ -115,7 +115,7 @@ def test_the_run_all_note_follows_whether_a_stub_raises_at_top_level():
                  ("code", CALLED))
     assert labinfo.lab_info(called)["run_all_stop"] == {"cell": 2, "name": "padding_mask"}
     note = exercise_copy.make_exercise(called, "99_x.ipynb").cells[0].source
-    assert "Run All stops at the first stub" in note and "`padding_mask`" in note
+    assert "Run All stops at the first cell that runs a stub" in note and "`padding_mask`" in note
     inside = _nb(("code", EXERCISE), ("code", f"def demo():\n    {CALLED}"))
     assert labinfo.lab_info(inside)["run_all_stop"] is None  # a call inside a def waits
 

@@ -711,7 +711,7 @@ def test_copy_keeps_metadata_and_its_note_is_its_own(path, copies):
         assert e["section"].split(" / ")[0] in sections | {"the introduction"}
         assert f"`{e['name']}`, in section *{markup.md_escape(e['section'])}*" in note
     stops = bool(info["exercises"]) and info["run_all_stop"] is not None
-    assert ("Run All stops at the first stub" in note) == stops  # read from the code
+    assert ("Run All stops at the first cell that runs a stub" in note) == stops  # from the code
     assert ("Run All runs to the end" in note) == (bool(info["exercises"]) and not stops)
     assert ("prediction" in note) == bool(info["predictions"])
     lines = sum(len(markup.prediction_lines(c.source)) for c in solved.cells
@@ -904,3 +904,28 @@ def test_handout_readme_claims_hold_for_the_labs_it_carries(handout):
     notes = [c.cells[0].source for c in copies]
     assert any("Run All stops" in n for n in notes) or not any("Run All" in n for n in notes)
     assert "Each notebook's top note says whether *Run All* stops" in readme
+
+
+def test_the_copies_fold_the_recap_card():
+    """Below the stubs, the card would state what the exercises compute: folded in the copy."""
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        ex = _read(ROOT / "notebooks" / layout.EXERCISE_DIR / path.name)
+        cards = [c.source for c in ex.cells if c.cell_type == "markdown"
+                 and c.source.startswith("## Recap card")]
+        assert len(cards) == 1, path.name
+        assert cards[0].split("\n")[2].startswith("<details><summary>Open it after the lab")
+        assert cards[0].rstrip().endswith("</details>"), path.name
+
+
+def test_a_stub_called_inside_try_except_does_not_stop_run_all():
+    guarded = ("try:\n    out = my_fn(1)\nexcept NotImplementedError:\n    out = None\n")
+    bare = "out = my_fn(1)\n"
+    stub = "def my_fn(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION\n"
+    for body, stops in ((guarded, False), (bare, True)):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("## 1. A section"),
+                                             nbformat.v4.new_code_cell(stub),
+                                             nbformat.v4.new_code_cell(body)])
+        info = labinfo.lab_info(nb)
+        assert (info["run_all_stop"] is not None) == stops, body
+        note = exercise_copy.make_exercise(nb, "99_x.ipynb").cells[0].source
+        assert ("the first calls `my_fn`, in section *1. A section*" in note) == stops

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from labkit.course.labinfo import is_prediction_grader, lab_info
+from labkit.course.labinfo import cell_sections, is_prediction_grader, lab_info
 from labkit.course.layout import EXERCISE_DIR, ROOT, SOLVED_GLOB, solved_notebooks
 from labkit.course.markup import (
     ANSWER_SPACE_TAG,
@@ -42,10 +42,11 @@ NOTE_HEAD = """\
 
 
 NOTE_RUN_ALL = """\
-> **Run All stops at the first stub you have not filled in** ({where}): that cell raises
-> `NotImplementedError` and the cells after it stay blank. Fill in the stub and run its cell,
-> then continue with *Run > Run Selected Cell and All Below*; or run the cells one by one,
-> skipping those that use an unfinished exercise."""
+> **Run All stops at the first cell that runs a stub you have not filled in** ({where}): that
+> cell raises `NotImplementedError` and the cells after it stay blank (a check cell does not
+> stop it: it reports the stub as not written yet). Fill in the stub and run its cell, then
+> continue with *Run > Run Selected Cell and All Below*; or run the cells one by one, skipping
+> those that use an unfinished exercise."""
 
 
 NOTE_RUN_TO_END = """\
@@ -73,8 +74,8 @@ def is_hand_edited(nb) -> bool:
     return stored is None or stored != fingerprint(nb)
 
 
-def note_text(solved_name: str, info: dict, cells: list) -> str:
-    """The copy's opening note; ``cells`` are the solved notebook's."""
+def note_text(solved_name: str, info: dict, nb) -> str:
+    """The copy's opening note, read from the solved notebook ``nb``."""
     parts = [NOTE_HEAD.format(solved=solved_name)]
     exercises = info["exercises"]
     if exercises:
@@ -120,15 +121,30 @@ def note_text(solved_name: str, info: dict, cells: list) -> str:
     if exercises:
         stop = info.get("run_all_stop")
         if stop:
-            where = next((f"`{e['name']}`" for e in exercises if e["name"].split(".")[0]
-                          == stop["name"]), "a cell that runs a stub at its top level")
-            parts.append(NOTE_RUN_ALL.format(where=f"the first is {where}"))
+            section = cell_sections(nb)[stop["cell"]][1]
+            where = (f"the first calls `{stop['name']}`" if stop["name"] != "top-level code"
+                     else "the first has a stub in its own code")
+            parts.append(NOTE_RUN_ALL.format(where=f"{where}, in section *{md_escape(section)}*"
+                                             if section else where))
         else:
             parts.append(NOTE_RUN_TO_END)
     if info.get("proof_cells"):
-        kept = any(not is_teacher_only(cells[i]) for i in info["proof_cells"])
+        kept = any(not is_teacher_only(nb.cells[i]) for i in info["proof_cells"])
         parts.append(NOTE_PROOFS if kept else NOTE_NO_PROOFS.format(solved=solved_name))
     return "\n>\n".join(parts)
+
+
+RECAP_HEAD = "## Recap card"
+RECAP_FOLD = ("<details><summary>Open it after the lab: the formulas, shapes and numbers "
+              "of this notebook (they state what the exercises compute)</summary>")
+
+
+def fold_recap_card(source: str) -> str:
+    """The recap card folded: in a copy it sits below the stubs and states their formulas."""
+    head, _, body = source.partition("\n")
+    if head.strip() != RECAP_HEAD or not body.strip():
+        return source
+    return f"{RECAP_HEAD}\n\n{RECAP_FOLD}\n\n{body.strip()}\n\n</details>"
 
 
 def _clean_code_cell(cell) -> None:
@@ -167,14 +183,14 @@ def make_exercise(nb, solved_name: str):
             source = strip_answers(cell.source)
             if not source.strip():
                 continue  # the cell held only an answer
-            cell.source = source
+            cell.source = fold_recap_card(source)
         cells.append(cell)
         tags = cell.metadata.get("tags", [])
         if is_written_question(nb.cells[index]) or ANSWER_SPACE_TAG in tags:
             answer = nbformat.v4.new_markdown_cell(YOUR_ANSWER)
             answer.id = f"{cell.get('id', f'cell-{index}')}-your-answer"[:64]
             cells.append(answer)
-    note = nbformat.v4.new_markdown_cell(note_text(solved_name, info, nb.cells))
+    note = nbformat.v4.new_markdown_cell(note_text(solved_name, info, nb))
     note.id = NOTE_ID
     ex.cells = [note] + cells
     if ex.nbformat_minor < 5:

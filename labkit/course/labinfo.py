@@ -206,6 +206,13 @@ def lab_info(nb) -> dict:
             "proof_cells": proof_cells(nb)}
 
 
+def _catches_stub(handler: ast.ExceptHandler) -> bool:
+    """An ``except`` that catches a stub's NotImplementedError (bare, or naming it or a base)."""
+    kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(k is None or (isinstance(k, ast.Name) and k.id in (
+        "NotImplementedError", "RuntimeError", "Exception", "BaseException")) for k in kinds)
+
+
 def _top_level_calls(tree) -> list[str]:
     """Names called in a cell's top-level code (not inside a def, class or lambda), in the
     order the calls run: by where each call ends (``f(g(x))`` calls g first)."""
@@ -214,6 +221,9 @@ def _top_level_calls(tree) -> list[str]:
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Try) and any(_catches_stub(h) for h in node.handlers):
+            stack.extend(node.handlers + node.orelse + node.finalbody)  # its body may raise
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             found.append((node.end_lineno, node.end_col_offset, node.func.id))
