@@ -5,7 +5,20 @@ import torch
 
 from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
 
+from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+MISTAKES.update({
+    "mask_argument_unchecked": (
+        "an input the contract refuses is accepted, or refused with another error than the "
+        "ValueError the contract names",
+        "check the argument on entry, before any tensor is built, and raise the error the "
+        "exercise's contract names"),
+    "mask_error_message": (
+        "the ValueError does not name the argument it refuses",
+        "a message that names the argument, what it got and what was expected tells the "
+        "caller which input to fix"),
+})
 
 
 def _tensor_or_fail(report: _Report, value, what) -> torch.Tensor:
@@ -68,7 +81,8 @@ def _broadcast(m: torch.Tensor, shape) -> torch.Tensor | None:
 
 
 def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=None, *,
-                devices: bool = False, verbose: bool = True) -> CheckResult:
+                devices: bool = False, full_contract: bool = False,
+                verbose: bool = True) -> CheckResult:
     """Check mask builders (bool, True = do not attend); pass any subset:
 
     - ``padding_fn(seq, pad_idx)`` -> (N, 1, L) (an (N, L, L) or (N, 1, 1, L) mask with the
@@ -83,6 +97,11 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
     function that takes token ids should build its mask on their device. These run on the
     ``meta`` device (no GPU needed). A ``device`` parameter that is ignored always fails;
     a mask built off the input's device is a note unless ``devices=True``.
+
+    ``full_contract=True`` (notebook 05's exercise) also probes the errors of its contract,
+    for each function whose masks passed: a ValueError naming ``seq`` for token ids that are
+    not 2-D, naming ``size`` for a size of 0 or below, naming ``tgt`` when the batch sizes of
+    ``src`` and ``tgt`` differ.
     """
     src = torch.tensor([[5, 0, 7, 9, 1, 1], [4, 8, 1, 1, 1, 1], [3, 2, 6, 0, 9, 4]])
     tgt = torch.tensor([[2, 5, 6, 1], [2, 7, 1, 1], [2, 3, 4, 5]])
@@ -101,6 +120,8 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             _probe_decoder_mask(report, decoder_fn, tgt)
         if cross_fn is not None:
             _probe_cross_mask(report, cross_fn, src, tgt)
+        if full_contract:
+            _probe_errors(report, padding_fn, lookahead_fn, cross_fn, src, tgt)
         for name, fn, args in (("padding_fn", padding_fn, (src, 1)),
                                ("decoder_fn", decoder_fn, (tgt, 1)),
                                ("cross_fn", cross_fn, (src, tgt, 1))):
@@ -244,6 +265,7 @@ def _probe_cross_mask(report, fn, src, tgt):
         l_tgt = tgt.size(1)
         what = f"cross_fn(src (N, {l_src}), tgt (N, {l_tgt}), pad_idx=1)"
         m = _tensor_or_fail(report, _call(report, what, fn, src, tgt, pad_idx), what)
+        shape = tuple(m.shape)
         if m.dim() == 4 and m.shape[1] == 1:
             m = m.squeeze(1)
         full = (n, l_tgt, l_src)
@@ -262,12 +284,42 @@ def _probe_cross_mask(report, fn, src, tgt):
         rect = torch.triu(torch.ones(l_tgt, l_src, dtype=torch.bool), 1)
         cands = [("cross_mask_lookahead", expected | rect), ("mask_inverted", ~expected)]
         if _match_mask(report, f"{what}: hides the padded source positions, broadcasts to "
-                       f"{full}", b, expected, cands) and tuple(m.shape) != (n, 1, l_src):
-            report.note(f"shape {tuple(m.shape)} works; (N, 1, L_src) is the usual form")
+                       f"{full}", b, expected, cands) and shape not in ((n, 1, l_src), full):
+            report.note(f"shape {shape} works; (N, 1, L_src) and (N, L_tgt, L_src) are the "
+                        "usual forms")
     _guard(report, probe)
 
 
-
+def _probe_errors(report: _Report, padding_fn, lookahead_fn, cross_fn, src, tgt) -> None:
+    """The ValueErrors of notebook 05's contract, for each function none of whose probes failed."""
+    failed = " ".join(text for ok, text in report.probes if not ok)
+    cases = []
+    if padding_fn is not None and "padding_fn" not in failed:
+        cases += [("padding_fn(seq of shape (6,), pad_idx=1)", "seq", padding_fn, (src[0], 1)),
+                  ("padding_fn(seq of shape (3, 6, 1), pad_idx=1)", "seq", padding_fn,
+                   (src[..., None], 1))]
+    if lookahead_fn is not None and "lookahead_fn" not in failed:
+        cases += [(f"lookahead_fn({size})", "size", lookahead_fn, (size,)) for size in (0, -2)]
+    if cross_fn is not None and "cross_fn" not in failed:
+        cases.append(("cross_fn(src (3, 6), tgt (2, 4), pad_idx=1)", "tgt", cross_fn,
+                      (src, tgt[:2], 1)))
+    for call, name, fn, args in cases:
+        what = f"{call} raises a ValueError naming {name}"
+        try:
+            fn(*args)
+        except ValueError as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else ""
+            if not report.probe(name in str(exc), what + ("" if name in str(exc)
+                                                          else f" (it says: {msg})")):
+                report.mistake("mask_error_message", f"{call}: {msg}")
+            continue
+        except Exception as exc:  # noqa: BLE001 - the wrong error, or none checked at all
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            report.probe(False, f"{what} (it raised {type(exc).__name__}: {first})")
+            report.mistake("mask_argument_unchecked", f"{call} raised {type(exc).__name__}")
+            continue
+        report.probe(False, f"{what} (it returned without an error)")
+        report.mistake("mask_argument_unchecked", f"{call} returned a mask")
 
 
 def _device_error(exc: BaseException) -> bool:

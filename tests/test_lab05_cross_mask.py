@@ -85,8 +85,10 @@ def _notebook_masks():
 def test_the_notebooks_solution_passes_and_keeps_its_contract():
     ns = _notebook_masks()
     result = labkit.check_masks(ns["padding_mask"], ns["lookahead_mask"], ns["decoder_self_mask"],
-                                ns["cross_attention_mask"], devices=True, verbose=False)
+                                ns["cross_attention_mask"], devices=True, full_contract=True,
+                                verbose=False)
     assert result.passed, result.report
+    assert not result.messages[-1].startswith("Note"), result.report  # the asked-for form
     src = torch.tensor([[4, 5, 1], [6, 1, 1]])  # (N=2, L_src=3)
     tgt = torch.tensor([[2, 7, 8, 1], [2, 9, 1, 1]])  # (N=2, L_tgt=4)
     mask = ns["cross_attention_mask"](src, tgt, 1)
@@ -148,3 +150,75 @@ def test_the_notebooks_lookahead_mask_takes_the_cache_offset():
     for size, past in ((1, 0), (3, 2), (2, 5)):
         assert torch.equal(ns["lookahead_mask"](size, past=past),
                            lookahead_by_positions(size, past=past))
+
+
+# full_contract=True grades the ValueErrors of notebook 05's table. Written here independently
+# of tx and of the notebook (other checks, other messages): each passes; without the checks, or
+# with a message that does not name the argument, the check names the mistake.
+def padding_checked(seq, pad_idx):
+    if len(seq.shape) != 2:
+        raise ValueError(f"expected seq with 2 axes (batch, length), got {seq.ndim}")
+    return (seq == pad_idx)[:, None]  # (N, 1, L)
+
+
+def lookahead_checked(size, device=None, *, past=0):
+    if type(size) is not int or size <= 0:
+        raise ValueError(f"bad size {size}: need an int of at least 1")
+    return lookahead_by_positions(size, device, past=past)
+
+
+def cross_checked(src, tgt, pad_idx):
+    n_src, n_tgt = len(src), len(tgt)
+    if n_src != n_tgt:
+        raise ValueError(f"{n_src} source sentences but tgt has {n_tgt}")
+    return full_by_repeat(src, tgt, pad_idx)
+
+
+def test_correct_masks_with_their_errors_pass_the_full_contract():
+    result = labkit.check_masks(padding_checked, lookahead_checked, None, cross_checked,
+                                full_contract=True, verbose=False)
+    assert result.passed, result.report
+    assert sum("raises a ValueError" in m for m in result.messages) == 5, result.report
+    assert not any(m.startswith("Note") for m in result.messages), result.report
+
+
+def test_masks_without_their_errors_pass_unless_the_full_contract_is_graded():
+    plain = dict(padding_fn=lambda s, p: (s == p)[:, None], lookahead_fn=lookahead_by_positions,
+                 cross_fn=full_by_repeat)
+    assert quiet(**plain).passed
+    result = labkit.check_masks(**plain, full_contract=True, verbose=False)
+    assert not result.passed and result.mistakes == ["mask_argument_unchecked"], result.report
+    assert sum("✗" in m and "ValueError" in m for m in result.messages) == 5, result.report
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(padding_fn=lambda s, p: padding_checked(s, p) if s.dim() == 2 else 1 / 0),
+    dict(lookahead_fn=lambda size, device=None, *, past=0: lookahead_by_positions(size, device,
+                                                                                  past=past)),
+])
+def test_the_wrong_error_or_none_is_named(kwargs):
+    result = labkit.check_masks(**kwargs, full_contract=True, verbose=False)
+    assert not result.passed and "mask_argument_unchecked" in result.mistakes, result.report
+
+
+def test_an_error_that_does_not_name_the_argument_is_named():
+    def cross_vague(src, tgt, pad_idx):
+        if src.size(0) != tgt.size(0):
+            raise ValueError("batch sizes differ")
+        return full_by_repeat(src, tgt, pad_idx)
+
+    result = labkit.check_masks(cross_fn=cross_vague, full_contract=True, verbose=False)
+    assert not result.passed and result.mistakes == ["mask_error_message"], result.report
+
+
+def test_error_probes_wait_for_a_wrong_mask_to_be_fixed():
+    result = labkit.check_masks(cross_fn=lambda s, t, p: (s != p)[:, None, :], full_contract=True,
+                                verbose=False)
+    assert result.mistakes == ["mask_inverted"], result.report
+    assert not any("raises a ValueError" in m for m in result.messages), result.report
+
+
+@pytest.mark.parametrize("fn", [full_by_repeat, full_by_or])
+def test_the_explicit_cross_mask_gets_no_note(fn):
+    result = quiet(cross_fn=fn)
+    assert result.passed and not any(m.startswith("Note") for m in result.messages), result.report
