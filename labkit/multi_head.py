@@ -77,8 +77,8 @@ def _reference_mha(d_model, n_heads, seed=3):
     return ref
 
 
-def check_multi_head_attention(cls, *, verbose: bool = True,
-                               core_included: bool = False) -> CheckResult:
+def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool = False,
+                               train_mode: bool = False) -> CheckResult:
     """Check ``cls(d_model, n_heads, dropout)`` with w_q, w_k, w_v, w_o and
     ``forward(query, key, value, mask=None)`` (mask bool, True = masked).
 
@@ -90,6 +90,10 @@ def check_multi_head_attention(cls, *, verbose: bool = True,
     ``F.scaled_dot_product_attention``, by any route, fails a probe, and under
     :func:`labkit.mark_exercise` it is delegation (0 points). Off by default: 03's lab marks
     the core at its own exercise, and its ``MultiHeadAttention`` calls an attention function.
+
+    ``train_mode=True`` (03's lab) also probes dropout, in train mode: the module's
+    ``nn.Dropout`` must act once per element on the weights ``(N, H, L_q, L_k)``, before they
+    mix the values (see :func:`_train_mode_probe`).
     """
     d_model, n_heads = 32, 4
     names = ("w_q", "w_k", "w_v", "w_o")
@@ -192,11 +196,86 @@ def check_multi_head_attention(cls, *, verbose: bool = True,
         out_p = run(x, mem, mem, pad, what="forward(x, memory, memory, pad_mask (N, 1, L_k))")
         _compare(report, "with a padding mask (N, 1, L_k) matches the reference", out_p,
                  ref(x, mem, mem, pad), _mha_axes(True), variants(x, mem, mem, pad))
+        if train_mode and not report.found and all(ok for ok, _ in report.probes):
+            _train_mode_probe(report, module, ref, x, mem, mem_v)
 
     return _run_check("check_multi_head_attention", body, verbose, cls)
 
 
+def _as_dropped(w: torch.Tensor) -> torch.Tensor:
+    """What the probe's dropout returns: an elementwise, smooth stand-in for a random mask.
 
+    Elementwise, so it is the same whatever the layout of the learner's weights (a head axis
+    anywhere, one call per head); smooth, so round-off in the weights stays round-off."""
+    return 2.0 * w * w
+
+
+def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
+    """Train mode: the module's nn.Dropout, whatever its name, acts on the weights only.
+
+    A forward hook replaces each nn.Dropout's output with :func:`_as_dropped` of its input,
+    so the expected output is the reference computed with ``_as_dropped(weights)``: no random
+    numbers are compared. A correct forward calls its dropout once on the weights (or once per
+    head on each head's weights) and matches; one that skips it, or drops the scores or the
+    output, does not. A forward whose dropout does not go through an nn.Dropout submodule
+    (``F.dropout``) is only checked to change the output in train mode, with a note.
+    """
+    text = ("train mode: dropout acts on the weights (N, H, L_q, L_k), once, before they mix "
+            "the values")
+    drops = [m for m in module.modules() if isinstance(m, torch.nn.Dropout)]
+    seen: list[torch.Tensor] = []
+
+    def hook(_mod, inputs, _out):
+        seen.append(inputs[0].detach().clone())
+        return _as_dropped(inputs[0])
+
+    was_training = module.training
+    handles = [m.register_forward_hook(hook) for m in drops]
+    try:
+        module.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the caller's RNG untouched
+            out = _as_output(report, module(x.clone(), mem.clone(), mem_v.clone()))
+            if not seen:  # no nn.Dropout called: does train mode change anything at all?
+                changed = not _close(out, _as_output(report, module.eval()(
+                    x.clone(), mem.clone(), mem_v.clone())))
+    finally:
+        for handle in handles:
+            handle.remove()
+        module.train(was_training)
+    n, l_q, d_model = x.shape
+    h, d_k, l_k = ref.n_heads, ref.d_k, mem.size(1)
+    with torch.no_grad():
+        ref(x, mem, mem_v)  # eval mode: the plain weights
+        weights = ref.attn_weights  # (N, H, L_q, L_k)
+        v = ref.w_v(mem_v).view(n, l_k, h, d_k).transpose(1, 2)  # (N, H, L_k, d_k)
+        ctx = (_as_dropped(weights) @ v).transpose(1, 2).reshape(n, l_q, d_model)
+        expected = ref.w_o(ctx)  # (N, L_q, d_model)
+    if not seen:
+        if report.probe(changed, text + (" (checked only for a change: no nn.Dropout "
+                                         "submodule was called)" if changed else "")):
+            report.note("in train mode the output changes, but not through an nn.Dropout "
+                        "submodule (self.dropout), so where dropout acts was not checked")
+            return
+        report.mistake("attn_dropout_unused", "in train mode self.dropout is never called and "
+                       "the output equals the eval-mode output")
+        return
+    if report.probe(_close(out, expected), text):
+        return
+    total = sum(t.numel() for t in seen)
+    row_sums = [t.sum(-1) for t in seen if t.size(-1) == l_k]
+    if any(t.size(-1) == d_model and t.numel() == n * l_q * d_model for t in seen):
+        report.mistake("attn_dropout_on_output", f"self.dropout received a tensor of shape "
+                       f"{tuple(seen[-1].shape)}, not the weights (N, H, L_q, L_k) = "
+                       f"{(n, h, l_q, l_k)}")
+    elif total > weights.numel():
+        report.mistake("attn_dropout_twice", f"dropout saw {total} numbers in one forward, "
+                       f"where the weights hold {weights.numel()}")
+    elif row_sums and not all(_close(r, torch.ones_like(r)) for r in row_sums):
+        report.mistake("attn_dropout_before_softmax", "the tensor self.dropout received has "
+                       "rows that do not sum to 1: the scores, not the weights")
+    else:
+        report.mistake("mismatch", "in train mode the output differs from the reference "
+                       "with dropout on the weights")
 
 
 def _localize_mha(report: _Report, cls, state: dict) -> None:

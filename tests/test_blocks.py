@@ -129,9 +129,10 @@ def test_positional_encoding_forward_adds_sliced_table(start):
 def test_positional_encoding_too_long_raises():
     pe = tx.PositionalEncoding(8, 6, dropout=0.0)
     pe(torch.zeros(1, 6, 8))  # exactly max_len is fine
-    with pytest.raises(ValueError, match=r"length 7 .*max_len=6"):
+    with pytest.raises(ValueError, match=r"L=7 tokens from start=0 .*max_len=6"):
         pe(torch.zeros(1, 7, 8))
-    with pytest.raises(ValueError, match=r"length 7 .*max_len=6"):
+    with pytest.raises(ValueError,
+                       match=r"L=2 tokens from start=5 need positions 5\.\.6, .*max_len=6"):
         pe(torch.zeros(1, 2, 8), start=5)
 
 

@@ -587,6 +587,16 @@ class PEStartVagueMessage(PEStartByIndex):
         return self.drop(x + self.pe[start: start + x.shape[1]])
 
 
+class PEStartSumOnly(PEStartByIndex):
+    """The old tx message: the end position (start + L) and max_len, but neither L nor start."""
+
+    def forward(self, x, start=0):
+        if start + x.shape[1] > self.pe.shape[0]:
+            raise ValueError(f"sequence of length {start + x.shape[1]} is longer than "
+                             f"max_len={self.pe.shape[0]}")
+        return self.drop(x + self.pe[start: start + x.shape[1]])
+
+
 def test_pe_forward_start_on_request():
     for cls in (PEStartByIndex, tx.PositionalEncoding):
         assert quiet(g.check_positional_encoding, cls, forward_start=True).passed
@@ -597,6 +607,8 @@ def test_pe_forward_start_on_request():
                       "pe_no_length_check", "broadcasting")
     assert_fails_with(quiet(g.check_positional_encoding, PEStartVagueMessage,
                             forward_start=True), "pe_length_message", "sequence too long")
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartSumOnly, forward_start=True),
+                      "pe_length_message", "length 52")
 
 
 def test_pe_plain_attribute_passes_with_a_note():

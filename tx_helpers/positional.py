@@ -52,8 +52,9 @@ class PositionalEncoding(nn.Module):
         length = x.size(1)
         if start + length > self.max_len:
             raise ValueError(
-                f"sequence of length {start + length} is longer than max_len={self.max_len}: "
-                f"the positional table has only {self.max_len} rows; raise max_len in the config "
-                f"or truncate the input"
+                f"L={length} tokens from start={start} need positions "
+                f"{start}..{start + length - 1}, but the table has max_len={self.max_len} rows "
+                f"(positions 0..{self.max_len - 1}): raise max_len in the config or truncate "
+                f"the input"
             )
         return self.dropout(x + self.pe[start : start + length])  # (N, L, d_model)

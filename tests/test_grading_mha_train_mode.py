@@ -1,0 +1,112 @@
+"""labkit.check_multi_head_attention(train_mode=True): the dropout probe of notebook 03's lab.
+
+It must pass correct layers written unlike tx (another weights layout, one dropout call per
+head, dropout only when training, F.dropout), name the dropout mistakes, stay off by default
+and leave the caller's random numbers alone."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import labkit as g
+import tx_helpers as tx
+
+
+def quiet(cls, **kwargs):
+    return g.check_multi_head_attention(cls, verbose=False, **kwargs)
+
+
+class Base(nn.Module):
+    """Weights kept as (N, L_q, H, L_k), not tx's (N, H, L_q, L_k); ``drop`` places dropout."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+
+    def drop(self, w):  # (N, L_q, H, L_k)
+        return self.dropout(w) if self.training else w
+
+    def scores(self, query, key, mask):
+        n, l_q, _ = query.shape
+        q = self.w_q(query).reshape(n, l_q, self.h, self.d_k)  # (N, L_q, H, d_k)
+        k = self.w_k(key).reshape(n, key.size(1), self.h, self.d_k)  # (N, L_k, H, d_k)
+        s = torch.einsum("nqhd,nkhd->nqhk", q, k) / math.sqrt(self.d_k)  # (N, L_q, H, L_k)
+        if mask is not None:
+            m = mask if mask.dim() == 2 else mask.unsqueeze(2)  # (N, L_q or 1, 1, L_k)
+            s = s.masked_fill(m, torch.finfo(s.dtype).min)
+        return s
+
+    def mix(self, w, value):
+        n, l_q = w.shape[:2]
+        v = self.w_v(value).reshape(n, value.size(1), self.h, self.d_k)  # (N, L_k, H, d_k)
+        return self.w_o(torch.einsum("nqhk,nkhd->nqhd", w, v).reshape(n, l_q, -1))
+
+    def forward(self, query, key, value, mask=None):
+        w = self.drop(torch.softmax(self.scores(query, key, mask), dim=-1))
+        return self.mix(w, value)
+
+
+class PerHeadDropout(Base):
+    def drop(self, w):  # one call per head, on that head's (N, L_q, L_k) weights
+        return torch.stack([self.dropout(w[:, :, i]) for i in range(self.h)], dim=2)
+
+
+class FunctionalDropout(Base):
+    def drop(self, w):
+        return F.dropout(w, self.dropout.p, self.training)
+
+
+class NoDropout(Base):
+    def drop(self, w):
+        return w
+
+
+class DropoutOnOutput(NoDropout):
+    def forward(self, query, key, value, mask=None):
+        return self.dropout(super().forward(query, key, value, mask))
+
+
+class DropoutOnScores(NoDropout):
+    def scores(self, query, key, mask):
+        return self.dropout(super().scores(query, key, mask))
+
+
+class DropoutTwice(Base):
+    def drop(self, w):
+        return self.dropout(self.dropout(w))
+
+
+@pytest.mark.parametrize("cls", [tx.MultiHeadAttention, Base, PerHeadDropout])
+def test_correct_dropout_passes(cls):
+    result = quiet(cls, train_mode=True)
+    assert result.passed, result.report
+    assert "train mode" in result.report
+
+
+def test_functional_dropout_passes_with_a_note():
+    result = quiet(FunctionalDropout, train_mode=True)
+    assert result.passed and "not through an nn.Dropout" in result.report, result.report
+
+
+@pytest.mark.parametrize("cls, key", [
+    (NoDropout, "attn_dropout_unused"),
+    (DropoutOnOutput, "attn_dropout_on_output"),
+    (DropoutOnScores, "attn_dropout_before_softmax"),
+    (DropoutTwice, "attn_dropout_twice"),
+])
+def test_dropout_mistakes_are_named(cls, key):
+    result = quiet(cls, train_mode=True)
+    assert not result.passed and key in result.mistakes, result.report
+    assert quiet(cls).passed  # off by default: other notebooks' checks are unchanged
+
+
+def test_train_mode_probe_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    quiet(Base, train_mode=True)
+    torch.testing.assert_close(torch.rand(3), expected)
