@@ -77,6 +77,23 @@ _PASS_THROUGH = (_TX_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.
                  os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
+_KIT_REFERENCE = ("_reference", "_variant", "_amp_step", "_smoothed_ce", "_greedy")
+
+
+def _kit_references() -> dict[types.CodeType, str]:
+    """The lab kit's own reference code (a right beam step, a greedy decoder with switches,
+    ...), which a learner's code must not call: code object -> "module.function"."""
+    found = {}
+    for mod_name, mod in list(sys.modules.items()):
+        if not mod_name.startswith("labkit.") or mod_name.startswith("labkit.course"):
+            continue
+        for attr, obj in vars(mod).items():
+            if (isinstance(obj, types.FunctionType) and obj.__module__ == mod_name
+                    and attr.startswith("_") and any(k in attr for k in _KIT_REFERENCE)):
+                found[obj.__code__] = f"{mod_name}.{attr}"
+    return found
+
+
 def reference_names(check_name: str, slot: str | None = None) -> set[str]:
     """The reference names of ``check_name``'s exercise (of one mask ``slot`` for masks)."""
     return set(MASK_REFERENCES.get(slot or "", ()) or REFERENCES.get(check_name, ()))
@@ -123,7 +140,7 @@ def _fingerprint(code: types.CodeType):
     which a learner may well type the same way)."""
     if len(code.co_code) < 60:
         return None
-    return (code.co_name, code.co_names, code.co_varnames,
+    return (code.co_names, code.co_varnames,  # not co_name: a renamed copy is still a copy
             tuple(repr(c) for c in code.co_consts if not isinstance(c, types.CodeType)))
 
 
@@ -170,7 +187,8 @@ class watch_references:
         self._codes = {c: name for ref, name in reference_objects(names).items()
                        for c in _codes(ref)}
         self._copies = _copies(self._codes)
-        self._copy_names = {fp[0] for fp in self._copies}
+        self._seen: dict[types.CodeType, str | None] = {}  # learner code -> copied reference
+        self._kit_refs = _kit_references() if self._codes else {}
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
         # PyTorch's fused attention is the whole of the attention exercise in one call
@@ -211,11 +229,21 @@ class watch_references:
             return
         name = self._codes.get(code)
         if name is None:
-            if code.co_name in self._copy_names:  # a copy of the reference's source
-                copied = self._copies.get(_fingerprint(code))
-                if copied:
-                    self._add(f"it runs a copy of tx_helpers' {copied} ({code.co_name}, "
-                              "compiled again from the reference's source)")
+            kit = self._kit_refs.get(code)
+            if kit is not None:  # the checks' own reference code, reached from the learner's
+                caller = self._learner_caller(frame)
+                if caller is not None:
+                    self._add(f"{caller} calls the lab kit's {kit}, the reference the checks "
+                              "compare with")
+                return
+            if code not in self._seen:  # a copy of the reference's source, under any name
+                path = os.path.abspath(code.co_filename)
+                self._seen[code] = (None if path.startswith((_KIT_DIR,) + _PASS_THROUGH)
+                                    else self._copies.get(_fingerprint(code)))
+            copied = self._seen[code]
+            if copied:
+                self._add(f"it runs a copy of tx_helpers' {copied} ({code.co_name}, "
+                          "compiled again from the reference's source)")
             return
         caller = self._learner_caller(frame)
         if caller is not None:

@@ -132,6 +132,23 @@ import tx_helpers as T
 def greedy_decode({GREEDY_ARGS}):
     return T.beam_search({GREEDY_CALL}, beam_size=1).tokens[:, 0]
 """),
+    "a renamed copy of the source": ("padding_mask", """
+import inspect
+import tx_helpers.masks as M
+namespace = dict(vars(M))
+exec(inspect.getsource(M.padding_mask).replace("def padding_mask", "def _pm"), namespace)
+def padding_mask(seq, pad_idx):
+    return namespace["_pm"](seq, pad_idx)
+"""),
+    "the lab kit's own reference": ("greedy_decode", f"""
+import labkit.decoding as K
+def greedy_decode({GREEDY_ARGS}):
+    mode = model.training
+    model.eval()
+    out = K._greedy_variant(model, src)
+    model.train(mode)
+    return out
+"""),
     "PyTorch's smoothing through getattr": ("smoothed_loss", """
 import torch
 def smoothed_loss(logits, target, eps, pad_idx):
