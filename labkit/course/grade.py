@@ -85,10 +85,21 @@ for _n in _names:
     _d = _m.as_dict()
     _d.pop("result")
     _records.append(dict(_m.result.as_dict(), label=_found[0][0], mark=_d))
+_marked = set()
 for _m in _grading.mark_predictions(points_each={prediction_points!r}):
     _d = _m.as_dict()
     _d.pop("result")
+    _marked.add(_d["exercise"])
     _records.append(dict(_m.result.as_dict(), label="prediction", mark=_d))
+for _label in {declared!r}:  # a declared prediction whose cells raised: 0, still in the maximum
+    _e = "prediction: " + _label
+    if _e not in _marked:
+        _records.append(dict(name="check_prediction", subject=_label, passed=False,
+                             mistakes=["prediction_missing"], label="prediction",
+                             messages=["Diagnosis: this prediction was never graded (its cell "
+                                       "raised or did not run)"],
+                             mark=dict(exercise=_e, score=0, points={prediction_points!r},
+                                       delegated="")))
 print({mark!r} + _json.dumps(_records))
 """
 NOT_MARKS = ("cells", "none", "written", "total")  # CSV rows that are not a check's mark
@@ -152,9 +163,10 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
     points = {name: max(1, len(items)) for name, items in exercises.items()}
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     options = {name: check_options(code, name) for name in exercises}
+    declared = [p["label"] for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
         names=names, mark=MARK, points=points, options=options,
-        prediction_points=prediction_points)))
+        prediction_points=prediction_points, declared=declared)))
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here

@@ -37,12 +37,8 @@ format, with the points of ``notebooks/labs.toml`` (the same as ``make grade``):
   are removed, as in ``notebooks/exercises/`` (a cell holding only such lines is dropped).
 
 Also written: ``course/nbgrader_config.py`` (course id, the stub, a cell timeout) and
-``course/README.md`` with the commands. Then, in ``course/``::
-
-  nbgrader generate_assignment 05_masks     # release/05_masks/: the student version
-  nbgrader autograde 05_masks               # after collecting submissions
-  nbgrader generate_feedback 05_masks       # feedback/<student>/05_masks/*.html
-
+``course/README.md`` with the commands (docs/nbgrader.md shows them). The notebook metadata
+``tx_lab`` lists the exercises and predictions, so ``make grade`` grades a hand-in too.
 The kernel that runs a submission must import ``tx_helpers`` (``make setup`` installs it).
 """
 from __future__ import annotations
@@ -307,6 +303,10 @@ def export_notebook(path: Path, prediction_points: float | None = None,
             cell.pop("id", None)
     nb.cells = cells
     nb.metadata.pop("widgets", None)
+    nb.metadata[markup.LAB_KEY] = {  # make grade reads what the lab grades from here too
+        "exercises": [{k: e[k] for k in ("number", "name", "section")} for e in info["exercises"]],
+        "predictions": [{k: p[k] for k in ("number", "name", "label", "section")}
+                        for p in info["predictions"]]}
     return nb, total
 
 

@@ -1,0 +1,30 @@
+"""make grade on a graded hand-in (nbgrader's student version, as `make handout GRADED=1` ships).
+
+A cold teacher found the student version without the exercise markers: the grader fell back
+to every function defined (a locked demonstration earned a point) and an unanswered
+prediction, whose cell raises, dropped out of the maximum. The export now carries the lab's
+``tx_lab`` metadata, and a declared prediction that never ran counts 0 of its points.
+"""
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_untouched_graded_hand_in_scores_zero_of_the_full_maximum(tmp_path):
+    from labkit.course import grade, handout, labinfo, scoring
+
+    solved = ROOT / "notebooks" / "05_masks.ipynb"
+    path = tmp_path / "carol_05_masks.ipynb"
+    nbformat.write(handout.graded_notebook(solved), path)
+    records, errors, exercises = grade.run_notebook(path)
+    rows = grade.rows_for(path, records, errors, exercises)
+    total = rows[-1]
+    parts = scoring.lab_points(labinfo.lab_info(nbformat.read(solved, as_version=4)),
+                               scoring.lab_settings(scoring.load_labs(), "05"))
+    assert float(total["points"]) == 0, total
+    assert float(total["max_points"]) == parts["total"] - parts["written"], (total, parts)
+    graded = {r["exercise"] for r in rows if r["check"] not in grade.NOT_MARKS}
+    assert "-" not in graded, graded  # every row names its exercise
+    assert not any("article" in r["exercise"] for r in rows), graded  # no demonstration
