@@ -929,3 +929,14 @@ def test_a_stub_called_inside_try_except_does_not_stop_run_all():
         assert (info["run_all_stop"] is not None) == stops, body
         note = exercise_copy.make_exercise(nb, "99_x.ipynb").cells[0].source
         assert ("the first calls `my_fn`, in section *1. A section*" in note) == stops
+
+
+def test_the_graded_readme_says_which_labs_and_that_predictions_are_sealed():
+    chosen = [ROOT / "notebooks" / "05_masks.ipynb", ROOT / "notebooks" / "09_inference.ipynb"]
+    text = make_handout.readme(chosen, graded=True)
+    assert "Labs 05 and 09 (of the series 00-13) build" in text
+    assert "shows the true value" not in text and "sealed" in text
+    assert "Each starts with a note" not in text  # the graded notebooks have none
+    full = make_handout.readme(sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), False)
+    assert full.startswith("# Transformer labs") and "Labs 00-13 build" in full
+    assert "Each starts with a note" in full and "This is a graded handout" not in full

@@ -60,8 +60,8 @@ README = """\
 Labs 00-13 build the 2017 encoder-decoder Transformer from scratch in PyTorch, one block per
 notebook, on a small helper package, `tx_helpers` (imported as `tx`).
 
-- `notebooks/`: the labs. Each starts with a note that lists its sections, the code you write
-  (each `raise NotImplementedError(...)` line), the checks to run, and its predictions. This
+- `notebooks/`: the labs. Each starts with a note that lists the code you write (each
+  `raise NotImplementedError(...)` line), the checks to run, and its predictions. This
   folder is yours: nothing regenerates it. Keep a copy of your work elsewhere too.
 - `tx_helpers/`: the helper package, the verified blocks (imported as `tx`).
 - `labkit/`: the checks that tell you in words what is wrong with your code.
@@ -103,11 +103,38 @@ The notebooks are your teacher's graded version (nbgrader's student version): ea
 shows only its first tier, the idea; the cells that prove the Check-yourself answers are
 left out; a cell that grades a prediction is collapsed (run it, do not open it first) and
 sealed: it records your prediction but shows neither right/wrong nor the true value, which
-you see in your teacher's feedback after you hand in. Write
+you see in your teacher's feedback after you hand in. Answer each prediction before you run
+the cells below it, and leave it as you first wrote it. Write
 your code where a cell says `# YOUR CODE HERE`, your prediction under `# Your prediction:`,
 and your written answers where a cell says `YOUR ANSWER HERE`. Keep the other cells as
 they are: your teacher's grader matches the cells by their hidden ids.
 """
+GRADED_LINES = {  # README lines that differ in a graded handout
+    "- `notebooks/`: the labs. Each starts with a note that lists the code you write (each\n"
+    "  `raise NotImplementedError(...)` line), the checks to run, and its predictions. This\n"
+    "  folder is yours: nothing regenerates it.":
+    "- `notebooks/`: the labs your teacher chose, as graded work (below): no top note; your\n"
+    "  answers go where a cell says so. This folder is yours: nothing regenerates it.",
+    "run it *before* the next cell, which grades your answer and shows the true value.":
+    "run it *before* the cells below it; the grading cell records it (sealed, see below).",
+}
+
+
+def readme(paths: list[Path], graded: bool) -> str:
+    """The student README: which labs it holds, and the graded version's differences."""
+    stems = sorted(p.name[:2] for p in paths)
+    which = ("Labs 00-13" if len(stems) == 14 else
+             "Lab" + ("s " + ", ".join(stems[:-1]) + " and " if len(stems) > 1 else " ")
+             + stems[-1] + " (of the series 00-13)")
+    text = README.replace("Labs 00-13 build", f"{which} build", 1)
+    if graded:
+        for old, new in GRADED_LINES.items():
+            assert old in text, old
+            text = text.replace(old, new)
+        text += GRADED_README
+    return text
+
+
 HINT_NUMBER = re.compile(r"\AHint\s+(?P<n>\d+)", re.IGNORECASE)
 STUB = ["# YOUR CODE HERE", "raise NotImplementedError()"]  # nbgrader's code stub
 
@@ -185,8 +212,7 @@ def build(out_root: Path, root: Path = ROOT, labs: list[str] | None = None,
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(root / rel, folder / rel)
     shutil.copy2(root / OVERRIDES, folder / "jupyterlab-overrides.json")
-    (folder / "README.md").write_text(README + (GRADED_README if graded else ""),
-                                      encoding="utf-8")
+    (folder / "README.md").write_text(readme(chosen, graded), encoding="utf-8")
     if archive.exists():
         archive.unlink()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
