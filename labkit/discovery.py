@@ -19,7 +19,7 @@ from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .quiz import check_shape_quiz
 from .report import CheckResult
-from .silent_bugs import check_init_embeddings, check_shift_targets
+from .silent_bugs import check_init_embeddings, check_repaired_weights, check_shift_targets
 from .training import check_train_step
 
 _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
@@ -54,8 +54,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
     ``*beam*`` (a beam-search step), ``*bucket*`` (13's length-bucketed batches),
-    ``*short_run*`` (13's training call), ``*shift_target*`` and ``*init_embedding*``
-    (10's lab), ``*quiz*`` (the shape quiz: a function returning the
+    ``*short_run*`` (13's training call), ``*shift_target*``, ``*init_embedding*`` and
+    ``*repair*weights*`` (10's lab), ``*quiz*`` (the shape quiz: a function returning the
     answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
     :func:`check_masks`).
@@ -87,6 +87,9 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
             elif "positional" in key or "sinusoid" in key:
                 found.append((f"check_positional_encoding({name})",
                               _bind(check_positional_encoding, obj)))
+            elif "repair" in key and "weights" in key:
+                found.append((f"check_repaired_weights({name})",
+                              _bind(check_repaired_weights, obj)))
             elif "attention" in key:
                 found.append((f"check_attention({name})", _bind(check_attention, obj)))
             elif "trainstep" in key:

@@ -15,8 +15,9 @@ under none of the others (``tests/test_silent_bugs.py`` runs them all):
 
 :func:`suspect` wraps each in a :class:`Pipeline` (a model builder and a batch maker), so the
 kind of a suspect does not say which measurement to run; ``suspect("control", config)`` is a
-correct pipeline to compare the readings with. The fixes: an attention core
-(``labkit.check_attention``), :func:`check_shift_targets` and :func:`check_init_embeddings`.
+correct pipeline to compare the readings with. The fixes: :func:`check_repaired_weights` (A's
+weights made right without rewriting its core), :func:`check_shift_targets` and
+:func:`check_init_embeddings`.
 """
 from __future__ import annotations
 
@@ -178,6 +179,57 @@ def suspect(name: str, config) -> Pipeline:
 
 
 # ---------------------------------------------------------------- checks of the fixes
+
+def check_repaired_weights(fn, *, verbose: bool = True) -> CheckResult:
+    """Check ``fn(weights, mask) -> weights``: suspect A's weights (a softmax over every key,
+    then the masked keys set to 0) turned into the weights a correct masked attention gives
+    (``tx.scaled_dot_product_attention``): 0 where ``mask`` is True, each row with a visible
+    key summing to 1, a row with no visible key uniform over the keys (the finite fill)."""
+
+    def body(report: _Report):
+        gen = torch.Generator().manual_seed(3)
+        n, h, l_q, l_k, d_k = 2, 3, 4, 6, 8
+        q = torch.randn(n, h, l_q, d_k, generator=gen)  # (N, H, L_q, d_k)
+        k, v = (torch.randn(n, h, l_k, d_k, generator=gen) for _ in range(2))  # (N, H, L_k, d_k)
+        mask = torch.zeros(n, 1, 1, l_k, dtype=torch.bool)  # (N, 1, 1, L_k): key padding
+        mask[0, ..., 4:] = True
+        mask[1, ..., 1:] = True
+        mask = mask.expand(n, 1, l_q, l_k).clone()  # (N, 1, L_q, L_k)
+        mask[1, 0, 2] = True  # query 2 of sequence 1 sees no key at all
+        _, late = _late_mask_core(q, k, v, mask)  # (N, H, L_q, L_k): A's weights
+        _, want = _attention.scaled_dot_product_attention(q, k, v, mask)
+        got = _call(report, "fn(weights, mask)", fn, late.clone(), mask.clone())
+        if not report.probe(isinstance(got, torch.Tensor) and got.shape == want.shape,
+                            f"returns the weights, shape (N, H, L_q, L_k) = {tuple(want.shape)}"):
+            report.mistake("wrong_output_shape", f"expected {tuple(want.shape)}")
+            return
+        full = mask.expand_as(want).all(-1)  # (N, H, L_q): rows with no visible key
+        seen = ~full
+        close = torch.allclose(got[seen], want[seen], atol=1e-6)
+        if not report.probe(close, "rows with a visible key: masked keys 0, the rest sum to 1, "
+                            "equal to a correct masked attention's"):
+            sums = got[seen].sum(-1)
+            if torch.allclose(got[seen], late[seen]) or bool((sums < 1 - 1e-4).any()):
+                report.mistake("mask_after_softmax", "the rows with padded keys still sum to "
+                               "less than 1")
+            else:
+                report.mistake("mismatch", "rows with a visible key differ from a correct "
+                               "masked attention's")
+        row = got[full]  # (rows, L_k)
+        if report.probe(torch.allclose(row, torch.full_like(row, 1 / l_k)),
+                        f"a query with no visible key: uniform weights 1/L_k = 1/{l_k}, finite, "
+                        "as tx's finite fill gives"):
+            return
+        if not bool(torch.isfinite(row).all()):
+            report.mistake("mismatch", "the row with no visible key is NaN: its weights were "
+                           "all 0, and 0 / 0 is NaN")
+        elif bool((row == 0).all()):
+            report.mistake("mask_row_zeroed", "the row with no visible key is all zeros")
+        else:
+            report.mistake("mismatch", "the row with no visible key is not uniform")
+
+    return _run_check("check_repaired_weights", body, verbose, fn)
+
 
 def check_shift_targets(fn, *, verbose: bool = True) -> CheckResult:
     """Check ``fn(tgt) -> (tgt_in, tgt_out)`` for full targets ``<bos> y <eos>`` (N, L + 2)."""

@@ -181,3 +181,44 @@ def test_the_control_pipeline_is_correct_under_every_quick_measurement():
     assert entropy(model) == pytest.approx(entropy(clean))
     src, tgt_in, tgt_out = next(control.batches(1, 4))
     assert torch.equal(tgt_in[:, 1:], tgt_out[:, :-1]) and tgt_in.shape == (4, L + 1)
+
+
+# ---------------------------------------------------------------- repairing suspect A's weights
+
+def repair_by_division(weights, mask):
+    total = weights.sum(-1, keepdim=True)
+    return torch.where(total > 0, weights / total.clamp_min(1e-30),
+                       torch.full_like(weights, 1 / weights.size(-1)))
+
+
+def repair_through_logs(weights, mask):
+    # an independent route: back to scores (log w), masked with the finite fill, softmax again
+    scores = torch.log(weights).masked_fill(mask, torch.finfo(weights.dtype).min)
+    return torch.softmax(scores, dim=-1)
+
+
+@pytest.mark.parametrize("fn", [repair_by_division, repair_through_logs])
+def test_a_correct_repair_passes(fn):
+    result = labkit.check_repaired_weights(fn, verbose=False)
+    assert result.passed, result.report
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda w, m: w, "mask_after_softmax"),
+    (lambda w, m: w / w.sum(-1, keepdim=True), "mismatch"),  # 0 / 0 on the row with no key
+    (lambda w, m: torch.nan_to_num(w / w.sum(-1, keepdim=True)), "mask_row_zeroed"),
+    (lambda w, m: torch.softmax(w, -1), "mismatch"),
+    (lambda w, m: w[..., :-1], "wrong_output_shape"),
+])
+def test_each_repair_mistake_is_named(fn, key):
+    result = labkit.check_repaired_weights(fn, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_the_repair_is_found_by_name():
+    def repair_weights(weights, mask):
+        return repair_by_division(weights, mask)
+
+    labels = [label for label, _ in labkit.find_checks({"repair_weights": repair_weights},
+                                                       module=None)]
+    assert labels == ["check_repaired_weights(repair_weights)"]
