@@ -940,3 +940,13 @@ def test_the_graded_readme_says_which_labs_and_that_predictions_are_sealed():
     full = make_handout.readme(sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")), False)
     assert full.startswith("# Transformer labs") and "Labs 00-13 build" in full
     assert "Each starts with a note" in full and "This is a graded handout" not in full
+
+
+def test_a_check_call_with_a_comment_is_listed_whole_in_the_note():
+    source = ("_ = labkit.check_positional_encoding(positional_table, odd_d_model=True,  # odd\n"
+              "                                    computed_in_float64=True)\n")
+    (_, _, call), = labinfo.check_calls(source)
+    assert call == ("labkit.check_positional_encoding(positional_table, odd_d_model=True, "
+                    "computed_in_float64=True)")
+    (_, _, text), = labinfo.check_calls('_ = labkit.check_prediction("a # b", x, 3)')
+    assert '"a # b"' in text  # a # inside a string is not a comment

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 
 from labkit.course.markup import (
     ANSWER_SPACE_TAG,
@@ -115,6 +117,17 @@ def _check_name(call: ast.Call) -> str | None:
     return None
 
 
+def _without_comments(segment: str) -> str:
+    """A call's source with its ``# ...`` comments dropped (joined on one line, a comment
+    would swallow the arguments after it)."""
+    try:
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(segment).readline)
+                  if t.type != tokenize.COMMENT]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, SyntaxError):
+        return segment
+
+
 def check_calls(source: str) -> list[tuple[str, ast.Call, str]]:
     """(check name, call node, call source) for every grading check called in a cell."""
     tree = parse_cell(source)
@@ -122,7 +135,7 @@ def check_calls(source: str) -> list[tuple[str, ast.Call, str]]:
     found = []
     for node in ast.walk(tree) if tree else []:
         if isinstance(node, ast.Call) and (name := _check_name(node)):
-            segment = ast.get_source_segment(text, node) or name
+            segment = _without_comments(ast.get_source_segment(text, node) or name)
             found.append((name, node, " ".join(segment.split())))
     return sorted(found, key=lambda t: (t[1].lineno, t[1].col_offset))
 
