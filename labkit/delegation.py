@@ -35,6 +35,7 @@ import os
 import sys
 import sysconfig
 import textwrap
+import threading
 import types
 
 import torch
@@ -198,12 +199,19 @@ class watch_references:
 
     def __enter__(self):
         self._previous = sys.getprofile()
-        if self._codes or self._smoothing or self._sdpa is not None:
+        self._previous_threads = threading.getprofile()
+        self._active = bool(self._codes or self._smoothing or self._sdpa is not None)
+        if self._active:
             sys.setprofile(self._hook)
+            threading.setprofile(self._hook)  # a thread the learner's code starts is watched too
         return self
 
     def __exit__(self, *exc):
+        if self._active and sys.getprofile() != self._hook:  # the learner's code unhooked it
+            self._add("it switches off the grader's watch (sys.setprofile), so what it calls "
+                      "cannot be seen")
         sys.setprofile(self._previous)
+        threading.setprofile(self._previous_threads)
         outer = getattr(self._previous, "__self__", None)
         if isinstance(outer, watch_references):  # a check's own watch inside mark_exercise's
             for text in self.found:

@@ -149,6 +149,23 @@ def greedy_decode({GREEDY_ARGS}):
     model.train(mode)
     return out
 """),
+    "a thread": ("padding_mask", """
+import threading
+import tx_helpers
+def padding_mask(seq, pad_idx):
+    out = []
+    worker = threading.Thread(target=lambda: out.append(tx_helpers.padding_mask(seq, pad_idx)))
+    worker.start()
+    worker.join()
+    return out[0]
+"""),
+    "the watch switched off": ("lookahead_mask", """
+import sys
+import tx_helpers
+def lookahead_mask(size, device=None):
+    sys.setprofile(None)
+    return tx_helpers.lookahead_mask(size, device=device)
+"""),
     "PyTorch's smoothing through getattr": ("smoothed_loss", """
 import torch
 def smoothed_loss(logits, target, eps, pad_idx):

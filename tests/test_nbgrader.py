@@ -216,6 +216,13 @@ def test_each_written_question_is_a_manually_graded_answer_with_its_points():
         assert total == _lab_total(path.stem)["total"], path.stem
 
 
+def test_the_graded_version_has_no_recap_card():
+    """It states the formulas and the classic mistake, which the graded questions ask for."""
+    for stem in ("05_masks", "09_inference"):
+        nb, _, _ = _exported(stem)
+        assert not any(c.source.startswith("## Recap card") for c in nb.cells), stem
+
+
 def test_prediction_grading_cells_are_collapsed_in_the_export():
     nb, _, _ = _exported(LAB)
     graders = [c for c in nb.cells if "check_prediction(" in c.source]

@@ -217,8 +217,8 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     for index, cell in enumerate(nb.cells):
         cell = nbformat.from_dict(json.loads(json.dumps(cell)))
         hidden = ""
-        if markup.is_teacher_only(cell):
-            continue  # the teacher's key: never in the student version
+        if markup.is_teacher_only(cell) or cell.source.startswith("## Recap card"):
+            continue  # the teacher's key; the recap card states what the graded work asks
         if cell.cell_type == "markdown":  # the <details> answers, as in the exercise copies
             cell.source = markup.strip_answers(cell.source)
             if not cell.source.strip():
