@@ -28,3 +28,20 @@ def test_an_untouched_graded_hand_in_scores_zero_of_the_full_maximum(tmp_path):
     graded = {r["exercise"] for r in rows if r["check"] not in grade.NOT_MARKS}
     assert "-" not in graded, graded  # every row names its exercise
     assert not any("article" in r["exercise"] for r in rows), graded  # no demonstration
+
+
+def test_the_summary_and_feedback_say_the_written_answers_are_still_to_mark():
+    from labkit.course import grade
+
+    path = Path("alice_05.ipynb")
+    record = {"name": "check_masks", "subject": "padding_mask", "passed": True, "mistakes": [],
+              "messages": ["check_masks: passed"], "label": "check_masks",
+              "mark": {"score": 1, "points": 1, "delegated": "", "lines": ["passed"]}}
+    exercises = {"padding_mask": [{"number": 1, "name": "padding_mask"}]}
+    written = [("Why (N, 1, L_src)?", "it broadcasts")] * 2
+    rows = grade.rows_for(path, [record], 0, exercises, written)
+    summary = grade.summary_line(path, rows)
+    assert "marks: 1/1 points automatic, + 2 written answer(s) to mark by hand" in summary[1]
+    feedback = grade.feedback_text(path, [record], rows, 0)
+    assert feedback.startswith("Feedback for alice_05.ipynb: 1/1 points from the automatic")
+    assert "your teacher marks your 2 written answer(s)" in feedback.split("\n")[0]

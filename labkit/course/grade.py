@@ -241,7 +241,9 @@ def summary_line(path: Path, rows: list[dict]) -> list[str]:
     if predictions:
         head += (f", {sum(r['passed'] is True for r in predictions)}/{len(predictions)} "
                  "predictions right")
-    lines = [f"{head} ({cells})", f"  marks: {score:g}/{total:g} points"]
+    written = sum(r["check"] == "written" for r in rows)
+    by_hand = (f" automatic, + {written} written answer(s) to mark by hand" if written else "")
+    lines = [f"{head} ({cells})", f"  marks: {score:g}/{total:g} points{by_hand}"]
     for r in graded:
         if r["delegated"]:
             lines.append(f"  - exercise {r['exercise']}: not credited: {r['delegated']}")
@@ -262,7 +264,10 @@ def feedback_text(path: Path, records: list[dict], rows: list[dict], errors: int
     graded = [r for r in rows if r["check"] not in NOT_MARKS]
     score = sum(float(r["points"] or 0) for r in graded)
     total = sum(float(r["max_points"] or 0) for r in graded)
-    out = [f"Feedback for {path.name}: {score:g}/{total:g} points", ""]
+    written = sum(r["check"] == "written" for r in rows)
+    by_hand = (f" from the automatic checks; your teacher marks your {written} written "
+               "answer(s)" if written else "")
+    out = [f"Feedback for {path.name}: {score:g}/{total:g} points{by_hand}", ""]
     if errors:
         out += [f"{errors} cell(s) raised an error when the notebook ran top to bottom.", ""]
     for r, row in zip(records, [r for r in rows if r["check"] not in NOT_MARKS],
