@@ -196,13 +196,7 @@ def _probe_lookahead(report, fn):
 def _probe_lookahead_past(report, fn):
     """``lookahead_fn(size, past=P)``, when it takes ``past`` (notebook 05's exercise, the
     cache of notebook 09): (size, P + size), query i at position P + i sees keys 0 .. P + i."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return
-    if "past" not in params:
+    if not _takes(fn, "past"):
         return
 
     def probe():
@@ -327,15 +321,19 @@ def _device_error(exc: BaseException) -> bool:
     return "device" in low or "meta" in low
 
 
-def _probe_device_argument(report: _Report, fn) -> None:
-    """``lookahead_fn(size, device=...)`` must build the mask on that device."""
+def _takes(fn, name: str) -> bool:
+    """True when ``fn``'s signature has a parameter ``name`` (False when it cannot be read)."""
     import inspect
 
     try:
-        params = inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return
-    if "device" not in params:
+        return False
+
+
+def _probe_device_argument(report: _Report, fn) -> None:
+    """``lookahead_fn(size, device=...)`` must build the mask on that device."""
+    if not _takes(fn, "device"):
         return
     what = "lookahead_fn(5, device='meta') builds the mask on that device"
     try:
