@@ -142,6 +142,12 @@ MISTAKES: dict[str, tuple[str, str]] = {
                              "the heads",
                              "the scores have a head axis the check's masks do not have; a mask "
                              "must broadcast over the heads"),
+    "mask_2d_head_axis": ("a 2-D mask (L_q, L_k) fails where the same mask as (1, L_q, L_k) "
+                          "works: the 2-D case does not line up with the scores' last two axes "
+                          "(often it got the head axis a 3-D mask needs)",
+                          "a mask broadcasts from its last axis backwards: a 2-D mask already "
+                          "fits every sentence and head, only a mask with a batch axis lacks "
+                          "the head axis"),
     # found by the localising probes (labkit/localize.py)
     "attention_values_wrong": ("the output is not the attention weights applied to v",
                                "the output is the weighted mix of the values, with the softmax "

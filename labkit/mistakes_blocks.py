@@ -89,6 +89,14 @@ BLOCKS: dict[str, tuple[str, str]] = {
                          "start says",
                          "a sequence that continues from position start holds positions start "
                          "onwards: its rows of the table begin there"),
+    "pe_dropout_unused": ("in train mode the positional encoding's dropout is never called: "
+                          "training sees the same output as evaluation",
+                          "the contract regularises the sum in training mode: the module's own "
+                          "dropout has to see it"),
+    "pe_dropout_misplaced": ("dropout acts on the wrong tensor, or more than once: the input "
+                             "alone, the table rows alone, or twice",
+                             "dropout regularises what the module hands on, the sum of the input "
+                             "and its positions, and only once"),
     "pe_no_length_check": ("positions past max_len are not checked: the unchecked slice gives "
                            "fewer rows and the addition fails with a broadcasting error, or "
                            "nothing fails",

@@ -78,7 +78,8 @@ def _reference_mha(d_model, n_heads, seed=3):
 
 
 def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool = False,
-                               train_mode: bool = False) -> CheckResult:
+                               train_mode: bool = False,
+                               lookahead_mask: bool = False) -> CheckResult:
     """Check ``cls(d_model, n_heads, dropout)`` with w_q, w_k, w_v, w_o and
     ``forward(query, key, value, mask=None)`` (mask bool, True = masked).
 
@@ -94,6 +95,10 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
     ``train_mode=True`` (03's lab) also probes dropout, in train mode: the module's
     ``nn.Dropout`` must act once per element on the weights ``(N, H, L_q, L_k)``, before they
     mix the values (see :func:`_train_mode_probe`).
+
+    ``lookahead_mask=True`` (03's lab, whose contract lists it) also probes a 2-D
+    ``(L_q, L_k)`` mask, the look-ahead mask shared by every sentence and head; a forward that
+    gives it a head axis at dim 1, as a 3-D mask needs, lines its query axis up with the heads.
     """
     d_model, n_heads = 32, 4
     names = ("w_q", "w_k", "w_v", "w_o")
@@ -196,6 +201,21 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
         out_p = run(x, mem, mem, pad, what="forward(x, memory, memory, pad_mask (N, 1, L_k))")
         _compare(report, "with a padding mask (N, 1, L_k) matches the reference", out_p,
                  ref(x, mem, mem, pad), _mha_axes(True), variants(x, mem, mem, pad))
+        if lookahead_mask:
+            causal = torch.triu(torch.ones(l_q, l_q, dtype=torch.bool), diagonal=1)  # (L, L)
+            try:
+                out_la = run(x, x, x, causal, what="forward(x, x, x, mask) with a look-ahead "
+                             "mask (L, L)")
+            except _Failed:
+                try:
+                    module(x, x, x, causal.unsqueeze(0))  # (1, L, L): a 3-D mask works
+                    report.mistake("mask_2d_head_axis")
+                except Exception:  # noqa: BLE001
+                    pass
+                raise
+            _compare(report, f"with a look-ahead mask (L, L) = {(l_q, l_q)}, shared by every "
+                     "sentence and head, matches the reference", out_la, ref(x, x, x, causal),
+                     _mha_axes(True), variants(x, x, x, causal))
         if train_mode and not report.found and all(ok for ok, _ in report.probes):
             _train_mode_probe(report, module, ref, x, mem, mem_v)
 

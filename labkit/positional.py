@@ -16,7 +16,7 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
-from .positional_probes import _precision_probes, _start_probes
+from .positional_probes import _precision_probes, _start_probes, _train_mode_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 
@@ -193,6 +193,7 @@ def _describe_columns(report: _Report, table: torch.Tensor, d_model: int,
 def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                               computed_in_float64: bool = False,
                               forward_start: bool = False,
+                              train_mode: bool = False,
                               verbose: bool = True) -> CheckResult:
     """Check a sinusoidal positional encoding against :func:`tx_helpers.sinusoidal_table`.
 
@@ -317,8 +318,11 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                         expected, axes, variant_forward, lambda t: t[:, :4]):
             if "mismatch" in report.found:
                 _localize_forward(report, module, x, out, d_model)
-        elif forward_start:
-            _start_probes(report, module, x, ref, max_len)
+        else:
+            if forward_start:
+                _start_probes(report, module, x, ref, max_len)
+            if train_mode and not report.found and all(ok for ok, _ in report.probes):
+                _train_mode_probe(report, module, x, ref)
 
     return _run_check("check_positional_encoding", body, verbose, fn_or_cls)
 

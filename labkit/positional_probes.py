@@ -1,11 +1,13 @@
 """Probes of check_positional_encoding beyond the table's values: a ``forward(x, start)``
 that offsets into the table and refuses a sequence past ``max_len`` (notebook 02's second
-exercise), and a table computed in float64 (a 512 x 128 table in float32 and float64)."""
+exercise), dropout in train mode (the same exercise: once, on x + pe), and a table computed in
+float64 (a 512 x 128 table in float32 and float64)."""
 from __future__ import annotations
 
 import re
 
 import torch
+from torch import nn
 
 from .compare import _as_output, _close
 from .report import _call, _explain, _Report
@@ -89,3 +91,71 @@ def _precision_probes(report: _Report, fn) -> None:
                            f"{tol:.0e}")
         else:
             report.mistake("mismatch", f"{call} differs from the table by up to {err:.3g}")
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """What the probe's dropout returns: an elementwise, nonlinear stand-in for a random mask,
+    so dropout(x + pe), dropout(x) + pe and x + dropout(pe) all differ."""
+    return 2.0 * t * t
+
+
+def _train_mode_probe(report: _Report, module, x, ref) -> None:
+    """Train mode: the module's nn.Dropout acts once, on the sum x + pe[:L].
+
+    A forward hook replaces each nn.Dropout's output with :func:`_stand_in` of its input, so
+    the expected output is ``_stand_in(x + pe[:L])``: no random numbers are compared. A forward
+    whose dropout does not go through an nn.Dropout submodule (``F.dropout``) is only checked
+    to change the output in train mode, with a note.
+    """
+    length = x.size(1)
+    text = "train mode: dropout acts once, on the sum x + pe[:L]"
+    drops = [m for m in module.modules() if isinstance(m, nn.Dropout)]
+    seen: list[torch.Tensor] = []
+
+    def hook(_mod, inputs, _out):
+        seen.append(inputs[0].detach().clone())
+        return _stand_in(inputs[0])
+
+    was_training = module.training
+    handles = [m.register_forward_hook(hook) for m in drops]
+    changed = False
+    try:
+        module.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the caller's RNG untouched
+            out = _as_output(report, _call(report, "forward(x) in train mode", module, x.clone()))
+            if not seen:  # no nn.Dropout called: does train mode change anything at all?
+                module.eval()
+                changed = not _close(out, _as_output(report, module(x.clone())))
+    finally:
+        for handle in handles:
+            handle.remove()
+        module.train(was_training)
+    if not seen:
+        if report.probe(changed, text + (" (checked only for a change: no nn.Dropout "
+                                         "submodule was called)" if changed else "")):
+            report.note("in train mode the output changes, but not through an nn.Dropout "
+                        "submodule (self.dropout), so where dropout acts was not checked")
+            return
+        report.mistake("pe_dropout_unused", "in train mode self.dropout is never called and "
+                       "the output equals the eval-mode output")
+        return
+    if report.probe(_close(out, _stand_in(x + ref[:length])), text):
+        return
+    total = sum(t.numel() for t in seen)
+
+    def received(target):
+        return any(t.numel() == target.numel() and _close(t.reshape(target.shape), target)
+                   for t in seen)
+
+    if total > x.numel():
+        report.mistake("pe_dropout_misplaced", f"dropout saw {total} numbers in one forward, "
+                       f"where x + pe holds {x.numel()}: it acts more than once")
+    elif received(x):
+        report.mistake("pe_dropout_misplaced", "self.dropout received x alone, before the "
+                       "table rows were added")
+    elif received(ref[:length]):
+        report.mistake("pe_dropout_misplaced", "self.dropout received the table rows alone, "
+                       "not their sum with x")
+    else:
+        report.mistake("mismatch", "in train mode the output differs from dropout applied "
+                       "to x + pe[:L]")

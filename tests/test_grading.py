@@ -611,6 +611,64 @@ def test_pe_forward_start_on_request():
                       "pe_length_message", "length 52")
 
 
+class PEDropoutFunctional(PEStartByIndex):
+    """Correct, written another way: F.dropout with the module's p and training flag, a slice."""
+
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        rows = self.pe[start:start + x.size(1)].unsqueeze(0)  # (1, L, d_model)
+        return torch.nn.functional.dropout(x + rows, self.drop.p, self.training)
+
+
+class PEDropoutNone(PEStartByIndex):
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        return x + self.pe[start:start + x.size(1)]
+
+
+class PEDropoutOnInput(PEStartByIndex):
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        return self.drop(x) + self.pe[start:start + x.size(1)]
+
+
+class PEDropoutOnTable(PEStartByIndex):
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        return x + self.drop(self.pe[start:start + x.size(1)])
+
+
+class PEDropoutTwice(PEStartByIndex):
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        return self.drop(self.drop(x + self.pe[start:start + x.size(1)]))
+
+
+def test_pe_dropout_in_train_mode_on_request():
+    for cls in (PEStartByIndex, tx.PositionalEncoding):
+        assert quiet(g.check_positional_encoding, cls, forward_start=True, train_mode=True).passed
+    result = quiet(g.check_positional_encoding, PEDropoutFunctional, forward_start=True,
+                   train_mode=True)
+    assert result.passed and "not through an nn.Dropout" in result.report, result.report
+    assert quiet(g.check_positional_encoding, PEDropoutNone, forward_start=True).passed  # default
+    assert_fails_with(quiet(g.check_positional_encoding, PEDropoutNone, forward_start=True,
+                            train_mode=True), "pe_dropout_unused", "never called")
+    for cls, word in ((PEDropoutOnInput, "x alone"), (PEDropoutOnTable, "table rows alone"),
+                      (PEDropoutTwice, "more than once")):
+        assert_fails_with(quiet(g.check_positional_encoding, cls, forward_start=True,
+                                train_mode=True), "pe_dropout_misplaced", word)
+    torch.manual_seed(5)
+    before = torch.rand(1)
+    torch.manual_seed(5)
+    quiet(g.check_positional_encoding, PEStartByIndex, forward_start=True, train_mode=True)
+    assert torch.equal(torch.rand(1), before)  # the caller's RNG untouched
+
+
 def test_pe_plain_attribute_passes_with_a_note():
     result = quiet(g.check_positional_encoding, PEPlainAttribute)
     assert result.passed and "plain attribute" in result.report, result.report

@@ -110,3 +110,64 @@ def test_train_mode_probe_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     quiet(Base, train_mode=True)
     torch.testing.assert_close(torch.rand(3), expected)
+
+
+# lookahead_mask=True: the 2-D (L_q, L_k) mask of 03's contract
+
+
+class LoopOverHeads(nn.Module):
+    """Correct, unlike tx: one attention call per head on 3-D slices, masks used as given."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.w_q(query), self.w_k(key), self.w_v(value)
+        outs = []
+        for i in range(self.h):
+            cols = slice(i * self.d_k, (i + 1) * self.d_k)
+            s = q[..., cols] @ k[..., cols].transpose(1, 2) / math.sqrt(self.d_k)  # (N, L_q, L_k)
+            if mask is not None:
+                s = s.masked_fill(mask, torch.finfo(s.dtype).min)
+            outs.append(self.dropout(torch.softmax(s, dim=-1)) @ v[..., cols])
+        return self.w_o(torch.cat(outs, dim=-1))
+
+
+class AlwaysHeadAxis(tx.MultiHeadAttention):
+    """The likely mistake: every mask gets unsqueeze(1), a 2-D one too."""
+
+    def forward(self, query, key, value, mask=None, cache=None):
+        return super().forward(query, key, value, None if mask is None else
+                               mask.unsqueeze(1).unsqueeze(1).squeeze(1))
+
+
+class IgnoresTwoDMask(tx.MultiHeadAttention):
+    def forward(self, query, key, value, mask=None, cache=None):
+        return super().forward(query, key, value, mask if mask is None or mask.dim() == 3
+                               else None)
+
+
+class HeadsThird(Base):
+    """Base's (N, L_q, H, L_k) layout with a 2-D mask placed right: (L_q, 1, L_k)."""
+
+    def scores(self, query, key, mask):
+        if mask is not None and mask.dim() == 2:
+            return super().scores(query, key, mask.unsqueeze(0))  # (1, L_q, L_k), a 3-D mask
+        return super().scores(query, key, mask)
+
+
+@pytest.mark.parametrize("cls", [tx.MultiHeadAttention, HeadsThird, LoopOverHeads])
+def test_lookahead_mask_passes_correct_layers(cls):
+    result = quiet(cls, train_mode=True, lookahead_mask=True)
+    assert result.passed and "look-ahead mask (L, L)" in result.report, result.report
+
+
+def test_lookahead_mask_mistakes_are_named():
+    result = quiet(AlwaysHeadAxis, lookahead_mask=True)
+    assert not result.passed and "mask_2d_head_axis" in result.mistakes, result.report
+    result = quiet(IgnoresTwoDMask, lookahead_mask=True)
+    assert not result.passed and "mask_ignored" in result.mistakes, result.report
+    assert quiet(IgnoresTwoDMask).passed  # off by default: other notebooks' checks unchanged
