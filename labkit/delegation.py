@@ -61,7 +61,7 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "check_beam_search": ("beam_search",),
     "check_phone_error_rate": ("phone_error_rate",),
     "check_g2p_batches": ("g2p_batches",),
-    "check_g2p_training": ("train_from_recipe", "live_run"),
+    "check_g2p_training": ("train_from_recipe", "live_run", "average_weights"),
 }
 # the parts a check's option adds to its exercise (the check watches them itself)
 CORE_REFERENCES: tuple[str, ...] = ("scaled_dot_product_attention",)

@@ -6,11 +6,14 @@ together. The check runs it on made-up pairs and reads the batches back: every b
 every pair at most once, the targets shifted, little padding, a shuffled order, the same
 batches for the same seed.
 
-``check_g2p_training(fn, ...)``: ``fn(recipe, batches) -> (model, history)`` builds the recipe's
-model, Adam and Noam schedule and trains on the first ``recipe["steps"]`` batches with
-``tx.train``. The check runs it on a tiny recipe and compares the history with the reference
-run (and with its usual wrong variants); given the notebook's trained model it also scores
-the validation WER of the short run against a stated margin.
+``check_g2p_training(fn, ...)``: ``fn(recipe, batches) -> (model, history)`` trains the recipe's
+model (built by the notebook's set-up: Adam and the Noam schedule) on the first
+``recipe["steps"]`` batches with ``tx.train`` and returns the *average* of the weights at the last
+``recipe["average_last"]`` checkpoints, ``recipe["average_every"]`` steps apart, the last one after
+the final step (the paper's checkpoint averaging). The check runs it on a tiny recipe and
+compares the history and the returned weights with the reference run (and with its usual wrong
+variants: no copy of the checkpoints, checkpoints at the wrong steps); given the notebook's
+trained model it also scores the validation WER of the short run against a stated margin.
 """
 from __future__ import annotations
 
@@ -59,11 +62,11 @@ MISTAKES.update({
         "the batches are not grouped by word length: about as much padding as random batches",
         "inside each bucket, order the pairs by word length before cutting it into batches"),
     "g2p_batch_no_shuffle": (
-        "the pairs are not shuffled before the buckets are cut, so each batch holds neighbours "
-        "of the input (on the dictionary: words that share their first letters)",
+        "each batch holds pairs that are neighbours in the input list: the pairs are not mixed "
+        "before they are grouped by length",
         "shuffle a copy of the pairs first, with a generator seeded from the seed argument"),
     "g2p_batch_order_sorted": (
-        "the batches come out ordered by length (short words first), not in a shuffled order",
+        "the batches come out in order of word length",
         "after cutting the batches, shuffle their order as well"),
     "g2p_batch_mutates_pairs": (
         "the caller's list of pairs was reordered in place",
@@ -99,6 +102,19 @@ MISTAKES.update({
     "g2p_train_wrong_return": (
         "the function does not return (the trained model, its History)",
         "return the model you trained and the History the training call gave back"),
+    "g2p_avg_final_weights": (
+        "the returned weights are the final step's, not an average: either nothing is averaged, "
+        "or every checkpoint you kept is the model's live tensors (a state dict holds references "
+        "to the weights, which the following steps overwrite)",
+        "keep a copy of each checkpoint's tensors, detached from the model, and average those"),
+    "g2p_avg_wrong_steps": (
+        "the returned weights are an average, but of checkpoints taken after other steps than "
+        "the recipe's (off by one, not average_every apart, or too many)",
+        "the last checkpoint is the one after the final step; count back average_every steps "
+        "for each earlier one"),
+    "g2p_avg_not_eval": (
+        "the returned model is still in training mode",
+        "return the model in evaluation mode, as the contract says"),
     "g2p_run_wer_above_margin": (
         "the validation WER of the short run is above the margin a correct run stays under",
         "run the two checks above first; then look at the loss curve and the learning rate"),
@@ -181,7 +197,7 @@ def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
             report.mistake("g2p_batch_not_bucketed")
         spans = [max(index[w] for w in g) - min(index[w] for w in g) for g in rows]
         if not report.probe(max(spans) >= bucket * batch_size,
-                            "the pairs are shuffled before the buckets are cut"):
+                            "a batch's pairs come from all over the input list"):
             report.mistake("g2p_batch_no_shuffle")
         rising = []
         for seed in (0, 1, 2):
@@ -190,7 +206,7 @@ def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
             lengths = [(b[0] != LETTER_VOCAB.pad_idx).sum().item() / b[0].size(0) for b in epoch]
             rising += [a <= b for a, b in zip(lengths[:-1], lengths[1:], strict=True)]
         if not report.probe(sum(rising) / len(rising) < 0.8,
-                            "the batch order is shuffled, not short words first"):
+                            "the order of the batches does not follow word length"):
             report.mistake("g2p_batch_order_sorted")
         again = _epoch(report, fn, list(pairs), batch_size, 0, bucket)
         other = _epoch(report, fn, list(pairs), batch_size, 1, bucket)
@@ -205,23 +221,53 @@ def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
 # ---------------------------------------------------------------- the training call
 
 TINY_RECIPE = {**LIVE_RECIPE, "steps": 4, "batch_size": 8, "warmup": 2, "clip_norm": 0.05,
+               "average_last": 2, "average_every": 2,  # the checkpoints after steps 2 and 4
                "model": {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1,
                          "dropout": 0.0, "norm_first": True}}
 
 
-def _reference(recipe, batches, *, label_smoothing=None, clip_norm=-1.0, schedule=True):
-    """The reference short run (and, through its keywords, the usual wrong variants)."""
+def _reference(recipe, batches, *, label_smoothing=None, clip_norm=-1.0, schedule=True,
+               states=None):
+    """The reference short run (and, through its keywords, the usual wrong variants): the model
+    holds the average of the recipe's checkpoints. ``states``, a dict, receives a copy of the
+    weights after every step (step number -> state dict)."""
     torch.manual_seed(recipe["seed"])
     model = Transformer(g2p_model_config(**recipe["model"]))
     optimizer = paper_adam(model.parameters())
     scheduler = noam_scheduler(optimizer, model.config.d_model, recipe["warmup"],
                                recipe["factor"], cooldown=recipe["cooldown"],
                                total=recipe["steps"]) if schedule else None
+    states = {} if states is None else states
+
+    def keep(history):
+        states[len(history)] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
     history = train(model, itertools.islice(batches, recipe["steps"]), optimizer, scheduler,
                     label_smoothing=recipe["label_smoothing"] if label_smoothing is None
                     else label_smoothing,
-                    clip_norm=recipe["clip_norm"] if clip_norm == -1.0 else clip_norm)
+                    clip_norm=recipe["clip_norm"] if clip_norm == -1.0 else clip_norm,
+                    callback=keep)
+    model.load_state_dict(_mean_state([states[s] for s in _checkpoint_steps(recipe)
+                                       if s in states]))
     return model.eval(), history
+
+
+def _checkpoint_steps(recipe) -> list[int]:
+    """The steps after which the recipe's averaged checkpoints are taken, the last one last."""
+    steps, every = recipe["steps"], recipe.get("average_every", 1)
+    return [steps - every * i for i in reversed(range(recipe.get("average_last", 1)))
+            if steps - every * i > 0]
+
+
+def _mean_state(states: list[dict]) -> dict:
+    return {k: torch.stack([s[k].double() for s in states]).mean(0).to(states[0][k].dtype)
+            for k in states[0]}
+
+
+def _same_weights(got: dict, want: dict) -> bool:
+    return got.keys() == want.keys() and all(
+        got[k].shape == want[k].shape and torch.allclose(got[k].double(), want[k].double(),
+                                                         rtol=1e-5, atol=1e-6) for k in want)
 
 
 def _close(a, b) -> bool:
@@ -243,7 +289,8 @@ def check_g2p_training(fn, *, model=None, words=None, lexicon=None, max_wer: flo
         with torch.enable_grad():
             out = _call(report, "fn(recipe, batches) on a tiny recipe", fn, dict(TINY_RECIPE),
                         iter(batches))
-            want_model, want = _reference(TINY_RECIPE, iter(batches))
+            states = {}
+            want_model, want = _reference(TINY_RECIPE, iter(batches), states=states)
         if not report.probe(isinstance(out, tuple) and len(out) == 2
                             and isinstance(out[0], torch.nn.Module)
                             and isinstance(out[1], History), "returns (model, History)"):
@@ -272,12 +319,25 @@ def check_g2p_training(fn, *, model=None, words=None, lexicon=None, max_wer: flo
             report.mistake(named[0] if named else
                            "g2p_train_not_seeded" if first and got.lr and _close(got.lr, want.lr)
                            else "mismatch")
-        src, tgt_in, _ = batches[0]
-        with torch.no_grad():
-            same = got_model.eval()(src, tgt_in).shape == want_model(src, tgt_in).shape and \
-                torch.allclose(got_model(src, tgt_in), want_model(src, tgt_in), atol=1e-4)
-        if not report.probe(same, "the returned model is the trained one"):
-            report.mistake("g2p_train_wrong_return", "its outputs differ from the reference's")
+            return  # another run: its weights say nothing about the averaging
+        got_state = {k: v.detach() for k, v in got_model.state_dict().items()}
+        chosen = _checkpoint_steps(TINY_RECIPE)
+        if not report.probe(_same_weights(got_state, want_model.state_dict()),
+                            f"the returned weights are the mean of the checkpoints after steps "
+                            f"{' and '.join(map(str, chosen))}"):
+            final = states.get(steps)
+            others = [c for n in range(2, steps + 1) for c in itertools.combinations(
+                range(1, steps + 1), n) if list(c) != chosen and all(s in states for s in c)]
+            if final is not None and _same_weights(got_state, final):
+                report.mistake("g2p_avg_final_weights")
+            elif any(_same_weights(got_state, _mean_state([states[s] for s in c]))
+                     for c in others):
+                report.mistake("g2p_avg_wrong_steps")
+            else:
+                report.mistake("g2p_train_wrong_return", "its weights are none of the run's "
+                               "checkpoints, nor an average of them")
+        elif not report.probe(not got_model.training, "the returned model is in evaluation mode"):
+            report.mistake("g2p_avg_not_eval")
         if model is None:
             return
         result = evaluate(list(words), model=model, lexicon=lexicon)

@@ -2,6 +2,7 @@
 each planted mistake is named."""
 from __future__ import annotations
 
+import copy
 import itertools
 import random
 
@@ -132,45 +133,96 @@ def test_made_up_pairs_are_distinct_and_sorted():
 
 # ---------------------------------------------------------------- the training call
 
-def short_run(recipe, batches):
-    """Written independently: the recipe's model, Adam and Noam schedule, then tx.train."""
-    torch.manual_seed(recipe["seed"])
+def _setup(recipe, seed=None):
+    torch.manual_seed(recipe["seed"] if seed is None else seed)
     config = g2p.g2p_model_config(**recipe["model"])
     model = tx.Transformer(config)
     optimizer = tx.paper_adam(model.parameters())
     scheduler = tx.noam_scheduler(optimizer, config.d_model, recipe["warmup"], recipe["factor"],
                                   cooldown=recipe["cooldown"], total=recipe["steps"])
+    return model, optimizer, scheduler
+
+
+def short_run(recipe, batches):
+    """Written independently: keep copies at the chosen steps, average them at the end."""
+    model, optimizer, scheduler = _setup(recipe)
+    n, every, last = recipe["steps"], recipe["average_every"], recipe["average_last"]
+    kept = []
+
+    def keep(history):
+        if (n - len(history)) % every == 0 and n - len(history) < every * last:
+            kept.append(copy.deepcopy(model.state_dict()))
+
     steps = itertools.islice(batches, recipe["steps"])
     history = tx.train(model, steps, optimizer, scheduler, clip_norm=recipe["clip_norm"],
-                       label_smoothing=recipe["label_smoothing"])
+                       label_smoothing=recipe["label_smoothing"], callback=keep)
+    model.load_state_dict({k: sum(sd[k] for sd in kept) / len(kept) for k in kept[0]})
     return model.eval(), history
+
+
+def running_sum_run(recipe, batches):
+    """Also correct: a running float64 sum of the parameters, no list of checkpoints."""
+    model, optimizer, scheduler = _setup(recipe)
+    wanted = {recipe["steps"] - recipe["average_every"] * i for i in range(recipe["average_last"])}
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in model.state_dict().items()}
+
+    def add(history):
+        if len(history) in wanted:
+            for k, v in model.state_dict().items():
+                total[k] += v.double()
+
+    history = tx.train(model, itertools.islice(batches, recipe["steps"]), optimizer, scheduler,
+                       label_smoothing=recipe["label_smoothing"], clip_norm=recipe["clip_norm"],
+                       callback=add)
+    with torch.no_grad():
+        for k, v in model.state_dict().items():
+            v.copy_(total[k] / len(wanted))
+    model.eval()
+    return model, history
 
 
 def _variant(**change):
     def run(recipe, batches):
         recipe = dict(recipe)
-        torch.manual_seed(change.get("seed", recipe["seed"]))
-        config = g2p.g2p_model_config(**recipe["model"])
-        model = tx.Transformer(config)
-        optimizer = tx.paper_adam(model.parameters())
-        scheduler = tx.noam_scheduler(optimizer, config.d_model,
-                                      change.get("warmup", recipe["warmup"]), recipe["factor"])
+        model, optimizer, scheduler = _setup(recipe, change.get("seed"))
+        if "warmup" in change:
+            scheduler = tx.noam_scheduler(optimizer, model.config.d_model, change["warmup"],
+                                          recipe["factor"])
         if change.get("no_scheduler"):
             scheduler = None
-        n = change.get("steps", recipe["steps"])
+        n, every = change.get("steps", recipe["steps"]), recipe["average_every"]
+        live = change.get("no_copy")
+        kept = {}
+
+        def keep(history):
+            state = model.state_dict()
+            kept[len(history)] = state if live else {k: v.clone() for k, v in state.items()}
+
         history = tx.train(model, itertools.islice(batches, n), optimizer, scheduler,
                            clip_norm=change.get("clip_norm", recipe["clip_norm"]),
                            label_smoothing=change.get("label_smoothing",
-                                                      recipe["label_smoothing"]))
+                                                      recipe["label_smoothing"]),
+                           callback=keep)
+        if change.get("no_average"):
+            chosen = [n]
+        elif change.get("off_by_one"):  # counted from 0: the checkpoints after steps 1 and 3
+            chosen = [n - 1 - every * i for i in range(recipe["average_last"])]
+        else:
+            chosen = [n - every * i for i in range(recipe["average_last"])]
+        if n in kept:
+            model.load_state_dict({k: torch.stack([kept[s][k] for s in chosen]).mean(0)
+                                   for k in kept[n]})
         if change.get("fresh_model"):
-            model = tx.Transformer(config)
-        return model, history
+            model = tx.Transformer(model.config)
+        return model if change.get("train_mode") else model.eval(), history
     return run
 
 
-def test_correct_training_call_passes():
-    result = labkit.check_g2p_training(short_run, verbose=False)
+@pytest.mark.parametrize("fn", [short_run, running_sum_run])
+def test_correct_training_call_passes(fn):
+    result = labkit.check_g2p_training(fn, verbose=False)
     assert result.passed, result.report
+    assert "mean of the checkpoints after steps 2 and 4" in result.report
 
 
 @pytest.mark.parametrize("change, key", [
@@ -181,15 +233,38 @@ def test_correct_training_call_passes():
     ({"clip_norm": None}, "g2p_train_no_clipping"),
     ({"steps": 6}, "g2p_train_wrong_steps"),
     ({"fresh_model": True}, "g2p_train_wrong_return"),
+    ({"no_copy": True}, "g2p_avg_final_weights"),
+    ({"no_average": True}, "g2p_avg_final_weights"),
+    ({"off_by_one": True}, "g2p_avg_wrong_steps"),
+    ({"train_mode": True}, "g2p_avg_not_eval"),
 ])
 def test_each_training_mistake_is_named(change, key):
     result = labkit.check_g2p_training(_variant(**change), verbose=False)
     assert not result.passed and key in result.mistakes, result.report
 
 
+def test_delegating_to_the_reference_average_is_named():
+    from tx_helpers.pretrained import average_weights
+
+    def borrowed(recipe, batches):
+        model, optimizer, scheduler = _setup(recipe)
+        kept = []
+        history = tx.train(model, itertools.islice(batches, recipe["steps"]), optimizer,
+                           scheduler, label_smoothing=recipe["label_smoothing"],
+                           clip_norm=recipe["clip_norm"],
+                           callback=lambda h: kept.append(copy.deepcopy(model.state_dict()))
+                           if len(h) % 2 == 0 else None)
+        model.load_state_dict(average_weights(kept))
+        return model.eval(), history
+
+    mark = labkit.mark_exercise("train_short_run", borrowed, check=labkit.check_g2p_training,
+                                verbose=False)
+    assert mark.delegated and "average_weights" in mark.delegated and mark.score == 0, mark.lines
+
+
 def test_the_wer_margin_is_scored_on_the_given_model(lexicon_words=("knight", "phone", "debt")):
     lexicon = g2p.load_lexicon()
-    untrained = short_run({**TINY_RECIPE, "steps": 1}, iter([]))[0]
+    untrained = _setup(TINY_RECIPE)[0].eval()
     words = list(lexicon_words)
     failed = labkit.check_g2p_training(short_run, model=untrained, words=words, lexicon=lexicon,
                                        max_wer=0.5, verbose=False)
