@@ -150,21 +150,21 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
                    "forward with different tokens under the source padding mask")
         if not report.probe(_close(out, out3), "tokens under src_mask do not change the logits"):
             report.mistake("source_padding_leaks")
-        if default_masks:
-            _check_default_masks(report, module, ref, src, tgt)
+        if default_masks and _check_default_masks(report, module, ref, src, tgt):
+            _check_pad_from_config(report, cls, module, ref, src, tgt)
 
     return _run_check("check_transformer", body, verbose, cls)
 
 
-def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) -> None:
+def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) -> bool:
     """``forward(src, tgt)`` with both masks left as None must build the reference's defaults:
     the padding mask (N, 1, L_src) for the encoder and cross-attention, and padding OR
-    look-ahead (N, L_tgt, L_tgt) for the decoder's self-attention."""
+    look-ahead (N, L_tgt, L_tgt) for the decoder's self-attention. True when it does."""
     out = _as_output(report, _call(report, "forward(src, tgt) with both masks left as None",
                                    module, src.clone(), tgt.clone(), shape_hint=_TF_SHAPES))
     if report.probe(_close(out, ref(src, tgt)), "forward(src, tgt) with both masks left as "
                     "None builds them from config.pad_idx, as the reference does"):
-        return
+        return True
     pad = ref.config.pad_idx
     src_mask, tgt_mask = padding_mask(src, pad), decoder_self_mask(tgt, pad)
     src_cases = [(src_mask, True, None),
@@ -189,6 +189,37 @@ def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) ->
                     report.mistake(key, detail)
                 return
     report.mistake("mismatch", "forward(src, tgt) with both masks left as None")
+    return False
+
+
+def _check_pad_from_config(report: _Report, cls, module, ref: Transformer, src, tgt) -> None:
+    """The default masks must use ``config.pad_idx``, not the id 1 the first config happens to
+    use: a second model built with ``pad_idx=0`` (same weights) on the same batch, its pads
+    now written as 0."""
+    config0 = dataclasses.replace(ref.config, pad_idx=0)
+    try:
+        other = cls(config0)
+        other.load_state_dict(module.state_dict())
+        other.eval()
+    except Exception:  # noqa: BLE001 - the first build worked; nothing more to learn here
+        report.note("a second model built with pad_idx=0 could not take the first one's "
+                    "weights: the default masks' pad id was not probed")
+        return
+    ref0 = Transformer(config0).eval()
+    ref0.load_state_dict(ref.state_dict())
+    src0, tgt0 = src.masked_fill(src == 1, 0), tgt.masked_fill(tgt == 1, 0)  # no id 1 left
+    out = _as_output(report, _call(report, "forward(src, tgt) of a model built with pad_idx=0",
+                                   other, src0.clone(), tgt0.clone(), shape_hint=_TF_SHAPES))
+    if report.probe(_close(out, ref0(src0, tgt0)), "a model built with pad_idx=0 hides the "
+                    "tokens with id 0 in its default masks"):
+        return
+    with torch.no_grad():
+        as_if_one = ref0(src0, tgt0, padding_mask(src0, 1), decoder_self_mask(tgt0, 1))
+    if _close(out, as_if_one):
+        report.mistake("pad_idx_ignored", "forward builds its default masks with the pad id 1, "
+                       "not with config.pad_idx")
+    else:
+        report.mistake("mismatch", "forward(src, tgt) of a model built with pad_idx=0")
 
 
 def _check_tied(report: _Report, module, config) -> None:

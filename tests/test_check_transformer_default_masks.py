@@ -108,3 +108,41 @@ def test_what_forward_does_with_none_is_named(how, keys):
     result = quiet(g.check_transformer, lambda c: Assembled(c, how), default_masks=True)
     assert not result.passed and set(result.mistakes) == keys, result.report
 
+
+
+class PadOne(Assembled):
+    """Builds its default masks with the id 1, whatever config.pad_idx says."""
+
+    def _src_mask(self, src):
+        return (src == 1).unsqueeze(1)  # (N, 1, L_src)
+
+    def _tgt_mask(self, tgt):
+        n = tgt.size(1)
+        return (tgt == 1).unsqueeze(1) | torch.ones(n, n, dtype=torch.bool).triu(1)
+
+
+class PadFromMaskBuilders(nn.Module):
+    """A second correct forward, apart from Assembled: tx's builders, pad id kept as an int."""
+
+    def __init__(self, config):
+        super().__init__()
+        c = config
+        self.pad = c.pad_idx
+        stack = (c.d_model, c.n_heads, c.d_ff, c.n_layers, c.dropout, c.max_len)
+        self.encoder = tx.Encoder(c.src_vocab_size, *stack)
+        self.decoder = tx.Decoder(c.tgt_vocab_size, *stack)
+        self.generator = nn.Linear(c.d_model, c.tgt_vocab_size)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        src_mask = tx.padding_mask(src, self.pad) if src_mask is None else src_mask
+        tgt_mask = tx.decoder_self_mask(tgt, self.pad) if tgt_mask is None else tgt_mask
+        return self.generator(self.decoder(tgt, self.encoder(src, src_mask), tgt_mask, src_mask))
+
+
+def test_pad_id_comes_from_the_config():
+    result = quiet(g.check_transformer, PadFromMaskBuilders, default_masks=True)
+    assert result.passed, result.report
+    assert any("pad_idx=0" in m for m in result.messages), result.report
+    assert quiet(g.check_transformer, PadOne).passed  # the explicit-mask probes cannot see it
+    result = quiet(g.check_transformer, PadOne, default_masks=True)
+    assert not result.passed and set(result.mistakes) == {"pad_idx_ignored"}, result.report
