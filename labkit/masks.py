@@ -18,6 +18,15 @@ MISTAKES.update({
         "the ValueError does not name the argument it refuses",
         "a message that names the argument, what it got and what was expected tells the "
         "caller which input to fix"),
+    "decoder_past_rows_first": (
+        "with past > 0 the decoder mask gives the new queries the rows of the first positions "
+        "(0, 1, ...) instead of their own (past, past + 1, ...)",
+        "the new queries sit after the cached ones: query i is at position past + i and may see "
+        "keys 0 .. past + i"),
+    "decoder_past_keys_dropped": (
+        "with past > 0 the decoder mask covers only the new positions as keys; the cached "
+        "positions are keys too",
+        "the keys are every position so far, the past ones and the new ones: past + L columns"),
 })
 
 
@@ -89,7 +98,9 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
       same key pattern passes with a note),
     - ``lookahead_fn(size)`` -> (L, L), True strictly above the diagonal; one that takes
       ``past`` must return (size, past + size), query i at position past + i,
-    - ``decoder_fn(tgt, pad_idx)`` -> (N, L, L) = padding OR look-ahead,
+    - ``decoder_fn(tgt, pad_idx)`` -> (N, L, L) = padding OR look-ahead; one that takes
+      ``past`` gets ids (N, past + L) and must return (N, L, past + L): the L new queries at
+      positions past .. past + L - 1 against every key so far,
     - ``cross_fn(src, tgt, pad_idx)`` -> the cross-attention mask, which must broadcast to
       (N, L_tgt, L_src) and hide the source padding: (N, 1, L_src) is best.
 
@@ -118,6 +129,7 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             _probe_device_argument(report, lookahead_fn)
         if decoder_fn is not None:
             _probe_decoder_mask(report, decoder_fn, tgt)
+            _probe_decoder_past(report, decoder_fn)
         if cross_fn is not None:
             _probe_cross_mask(report, cross_fn, src, tgt)
         if full_contract:
@@ -249,6 +261,49 @@ def _probe_decoder_mask(report, fn, tgt):
                  ("lookahead_diagonal_2", pad | torch.triu(ones, 2)),
                  ("mask_inverted", ~expected)]
         _match_mask(report, f"{what}: padding OR look-ahead, (N, L, L)", b, expected, cands)
+    _guard(report, probe)
+
+
+def _probe_decoder_past(report, fn):
+    """``decoder_fn(tgt, pad_idx, past=P)``, when it takes ``past`` (notebook 05's exercise):
+    ids (N, P + L) of the cached and the new positions -> (N, L, P + L), query i at position
+    P + i; a key is hidden if it is a pad (cached ones included) or after the query."""
+    if not _takes(fn, "past"):
+        return
+    # left padding in row 0 puts pads among the cached positions; row 1 pads the new ones
+    tgt = torch.tensor([[1, 1, 2, 5, 6, 7], [2, 7, 8, 9, 1, 1], [2, 3, 4, 5, 6, 8]])
+
+    def probe():
+        pad_idx = 1
+        n, total = tgt.shape
+        for past in (2, 4):
+            new = total - past
+            what = f"decoder_fn(tgt (N, {total}), pad_idx=1, past={past})"
+            m = _tensor_or_fail(report, _call(report, what, fn, tgt, pad_idx, past=past), what)
+            if m.dim() == 4 and m.shape[1] == 1:
+                m = m.squeeze(1)
+            pad = padding_mask(tgt, pad_idx)  # (N, 1, past + L)
+            expected = pad | lookahead_mask(new, past=past)  # (N, L, past + L)
+            b = _broadcast(m, expected.shape)
+            if b is None:
+                report.probe(False, f"{what} has shape (N, L, past + L) = "
+                             f"{tuple(expected.shape)} (got {tuple(m.shape)})")
+                if m.shape[-1] == new:
+                    report.mistake("decoder_past_keys_dropped")
+                else:
+                    report.mistake("wrong_output_shape", f"{new} new queries (the ids after "
+                                   f"the {past} cached ones) against {total} keys")
+                raise _Failed
+            square = pad | lookahead_mask(total)  # (N, P + L, P + L)
+            cands = [("decoder_past_rows_first", square[:, :new]),
+                     ("decoder_mask_no_padding", lookahead_mask(new, past=past).expand(
+                         expected.shape)),
+                     ("decoder_mask_no_lookahead", pad.expand(expected.shape)),
+                     ("decoder_mask_and", pad & lookahead_mask(new, past=past)),
+                     ("mask_inverted", ~expected)]
+            if not _match_mask(report, f"{what}: (N, {new}, {total}), query i at position "
+                               f"{past} + i, pads hidden", b, expected, cands):
+                return
     _guard(report, probe)
 
 

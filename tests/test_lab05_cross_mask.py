@@ -222,3 +222,55 @@ def test_error_probes_wait_for_a_wrong_mask_to_be_fixed():
 def test_the_explicit_cross_mask_gets_no_note(fn):
     result = quiet(cross_fn=fn)
     assert result.passed and not any(m.startswith("Note") for m in result.messages), result.report
+
+
+# The decoder exercise takes the cache offset too: decoder_fn(tgt, pad_idx, past=P) gets the
+# ids (N, P + L) of the cached and the new positions and returns (N, L, P + L). Written here
+# independently of tx and of the notebook's solution (which ORs its own two masks).
+def decoder_by_positions(tgt, pad_idx, *, past=0):
+    total = tgt.size(1)
+    queries = torch.arange(past, total, device=tgt.device)[:, None]  # (L, 1): positions
+    keys = torch.arange(total, device=tgt.device)[None, :]  # (1, P + L)
+    return (keys > queries)[None] | tgt.eq(pad_idx)[:, None, :]  # (N, L, P + L)
+
+
+def decoder_square_then_rows(tgt, pad_idx, past=0):
+    total = tgt.size(1)
+    square = torch.ones(total, total, dtype=torch.bool, device=tgt.device).triu(1)
+    full = torch.logical_or(square, (tgt == pad_idx).unsqueeze(1))  # (N, P + L, P + L)
+    return full[:, past:, :]  # the rows of the new queries
+
+
+def decoder_without_past(tgt, pad_idx):
+    return decoder_by_positions(tgt, pad_idx)
+
+
+@pytest.mark.parametrize("fn", [decoder_by_positions, decoder_square_then_rows,
+                                decoder_without_past])
+def test_correct_decoder_masks_with_past_pass(fn):
+    result = quiet(decoder_fn=fn)
+    assert result.passed, result.report
+    if fn is not decoder_without_past:
+        assert any("past=4" in m for m in result.messages), result.report
+
+
+def _square(tgt, pad_idx):
+    return decoder_by_positions(tgt, pad_idx)  # (N, P + L, P + L)
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda t, p, *, past=0: _square(t, p)[:, :t.size(1) - past], "decoder_past_rows_first"),
+    (lambda t, p, *, past=0: _square(t, p), "wrong_output_shape"),
+    (lambda t, p, *, past=0: _square(t[:, past:], p), "decoder_past_keys_dropped"),
+    (lambda t, p, *, past=0: decoder_by_positions(torch.full_like(t, p + 1), p, past=past),
+     "decoder_mask_no_padding"),
+    (lambda t, p, *, past=0: t.eq(p)[:, None, :].expand(-1, t.size(1) - past, -1),
+     "decoder_mask_no_lookahead"),
+    (lambda t, p, *, past=0: ~decoder_by_positions(t, p, past=past), "mask_inverted"),
+    (lambda t, p, *, past=0: decoder_by_positions(t, p, past=past)
+     & decoder_by_positions(torch.full_like(t, p + 1), p, past=past) & t.eq(p)[:, None, :],
+     "decoder_mask_and"),
+])
+def test_decoder_past_mistakes_are_named(fn, key):
+    result = quiet(decoder_fn=fn)
+    assert not result.passed and key in result.mistakes, result.report

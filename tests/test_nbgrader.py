@@ -175,12 +175,12 @@ def test_totals_follow_labs_toml_and_every_notebook_exports(tmp_path):
         got = nc.export_notebook(path, None, manual)[1]
         assert got == want, (path.stem, got, want)
         if path.stem.startswith("06"):
-            assert any("MyEncoder" in m for m in manual), manual
+            assert any("MyDecoder" in m for m in manual), manual
     proc = subprocess.run([sys.executable, "-m", "labkit.course.nbgrader_export", "--out",
                            str(tmp_path), "--only", "06_encoder_and_decoder"], check=True,
                           capture_output=True, text=True)
-    assert "marked by hand (no automatic check): 1. MyEncoder.forward" in proc.stdout
-    assert "MyEncoder" in (tmp_path / "README.md").read_text()
+    assert "marked by hand (no automatic check): 2. MyDecoder.forward" in proc.stdout
+    assert "MyDecoder" in (tmp_path / "README.md").read_text()
 
 
 # ---------------------------------------------------------------- the exported content, in-process
@@ -246,7 +246,7 @@ def test_notebook_12s_exercises_are_autograded_by_the_checks_it_calls():
 
 def test_an_exercise_no_check_covers_stays_hand_marked():
     _, _, manual = _exported(_stem("06"))
-    assert any("MyEncoder" in m for m in manual), manual
+    assert any("MyDecoder" in m for m in manual), manual
 
 
 def test_docs_points_table_is_what_the_exporter_does():
