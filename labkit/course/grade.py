@@ -4,9 +4,13 @@
   make grade SUBMISSIONS="submissions/*.ipynb"            (uses the project's venv)
   .venv/bin/python -m labkit.course.grade submissions/*.ipynb --out grades.csv [--strict]
 
-Each notebook runs top to bottom in a fresh kernel (errors do not stop it: a learner's
-unfinished cell is recorded, the rest still runs). Then one extra cell, never saved, runs
-the checks for the learner's exercises.
+Each notebook runs top to bottom (errors do not stop it: a learner's unfinished cell is
+recorded, the rest still runs). Then one extra cell, never saved, runs the checks for the
+learner's exercises. By default each submission runs in its own child process, forked from
+one that has already imported torch, tx_helpers and labkit, in a fresh IPython shell that
+never draws a figure: no kernel to start and no import to repeat, and whatever a submission
+changes dies with its child. ``--kernels`` runs each one in a fresh Jupyter kernel instead,
+as nbgrader does (the default where the system cannot fork); both give the same marks.
 
 What is graded: the classes and functions defined in the exercise cells, which
 ``labkit/course/exercises.py`` marks in the cell metadata (``tx_exercise``: number, name,
@@ -153,9 +157,8 @@ def written_answers(nb) -> list[tuple[str, str]]:
     return pairs
 
 
-def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
-                 ) -> tuple[list[dict], int, dict]:
-    """Execute ``path`` (a copy in memory): (check records, cells that raised, exercises)."""
+def _prepare(path: Path, prediction_points: float):
+    """The submission with the collecting cell appended: (notebook, its own cells, exercises)."""
     nb = nbformat.read(path, as_version=4)
     exercises = exercises_of(nb)
     n_cells = len(nb.cells)
@@ -167,22 +170,169 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
         names=names, mark=MARK, points=points, options=options,
         prediction_points=prediction_points, declared=declared)))
+    return nb, n_cells, exercises
+
+
+def _records(text: str) -> list[dict]:
+    """The collecting cell's records, [] if it never printed them (tx_helpers missing?)."""
+    return json.loads(text.split(MARK, 1)[1]) if MARK in text else []
+
+
+def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
+                 ) -> tuple[list[dict], int, dict]:
+    """Execute ``path`` (a copy in memory) in a fresh Jupyter kernel:
+    (check records, cells that raised, exercises)."""
+    nb, n_cells, exercises = _prepare(path, prediction_points)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here
     errors = sum(1 for cell in nb.cells[:n_cells] if cell.cell_type == "code"
                  and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
-    for out in nb.cells[-1].outputs:
-        text = out.get("text", "")
-        if out.get("output_type") == "stream" and MARK in text:
-            return json.loads(text.split(MARK, 1)[1]), errors, exercises
-    return [], errors, exercises  # the collecting cell failed: tx_helpers missing?
+    text = "".join(out.get("text", "") for out in nb.cells[-1].outputs
+                   if out.get("output_type") == "stream")
+    return _records(text), errors, exercises
 
 
-def grade_one(path: Path, timeout: int, prediction_points: float):
+class CellTimeout(Exception):
+    """A cell ran longer than ``--timeout`` seconds."""
+
+
+def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
+             ) -> tuple[list[dict], int, dict]:
+    """Execute ``path`` in a fresh IPython shell of this process, as a kernel would, but
+    without starting one: what :func:`run_notebook` returns. Meant for a forked child (it
+    changes the working folder and the process's output streams)."""
+    import contextlib
+    import io
+    import signal
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    nb, n_cells, exercises = _prepare(path, prediction_points)
+    os.chdir(path.parent.resolve())
+    sys.path.insert(0, "")  # a kernel imports from its working folder
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # output written below Python (C extensions) is noise here
+    os.dup2(devnull, 2)
+    class Shell(InteractiveShell):
+        def enable_gui(self, gui=None):  # %matplotlib inline asks; there is no event loop
+            pass
+
+    shell = Shell.instance(colors="NoColor")
+    shell.display_formatter.active_types = ["text/plain"]  # figures are never drawn
+
+    def expire(signum, frame):
+        raise CellTimeout(f"the cell ran longer than {timeout} s")
+
+    signal.signal(signal.SIGALRM, expire)
+    errors, text = 0, ""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        out = io.StringIO()
+        signal.alarm(timeout)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            result = shell.run_cell(cell.source, store_history=False)
+        signal.alarm(0)
+        errors += index < n_cells and not result.success
+        text = out.getvalue()
+    return _records(text), errors, exercises
+
+
+def grade_one(path: Path, timeout: int, prediction_points: float, kernels: bool = True):
     """One submission: (records, cells that raised, exercises, written answers)."""
-    records, errors, exercises = run_notebook(path, timeout, prediction_points)
+    run = run_notebook if kernels else run_here
+    records, errors, exercises = run(path, timeout, prediction_points)
     return records, errors, exercises, written_answers(nbformat.read(path, as_version=4))
+
+
+def _unfinished(path: Path, prediction_points: float):
+    """A submission whose grading process died (it exited, ran out of memory, was killed
+    past its time): each declared exercise and prediction scores 0, still in the maximum."""
+    nb = nbformat.read(path, as_version=4)
+    exercises = exercises_of(nb)
+    why = "Diagnosis: the notebook stopped the grader before its checks ran (a cell exited " \
+          "the process, ran out of memory or never ended)"
+    records = [dict(name=name, subject=name, passed=False, mistakes=["not_graded"],
+                    messages=[why], label=f"unfinished({name})",
+                    mark=dict(score=0, points=max(1, len(items)), delegated=""))
+               for name, items in exercises.items()]
+    records += [dict(name="check_prediction", subject=p["label"], passed=False,
+                     mistakes=["not_graded"], messages=[why], label="prediction",
+                     mark=dict(exercise="prediction: " + p["label"], score=0,
+                               points=prediction_points, delegated=""))
+                for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
+    return records, 0, exercises, written_answers(nb)
+
+
+def _preload() -> None:
+    """Import what every submission imports, once, before the children are forked."""
+    import matplotlib.pyplot  # noqa: F401
+    import torch  # noqa: F401
+    from IPython.core.interactiveshell import InteractiveShell  # noqa: F401
+    from matplotlib_inline import backend_inline  # noqa: F401
+
+    import labkit  # noqa: F401
+    import tx_helpers  # noqa: F401
+
+
+def grade_forked(paths: list[Path], timeout: int, prediction_points: float, jobs: int):
+    """Yield each submission's :func:`grade_one` result, in order, grading ``jobs`` at once,
+    each in its own child forked from this process after :func:`_preload` (no kernel to
+    start, no import to repeat; a child's changes to modules die with it)."""
+    import pickle
+    import select
+    import time
+
+    _preload()
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    results: dict[int, object] = {}
+    running: dict[int, tuple] = {}  # read end -> (index, pid, deadline, data)
+    todo = list(enumerate(paths))
+    done = 0
+    while done < len(paths):
+        while todo and len(running) < jobs:
+            index, path = todo.pop(0)
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: grade, send the result, leave without clean-up
+                os.close(read)
+                try:
+                    import torch
+                    torch.set_num_threads(threads)
+                    result = grade_one(path, timeout, prediction_points, kernels=False)
+                except BaseException as err:  # noqa: BLE001 - reported as a failed grade
+                    result = err
+                with os.fdopen(write, "wb") as fh:
+                    pickle.dump(result, fh)
+                os._exit(0)
+            os.close(write)
+            cells = sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
+            running[read] = (index, pid, time.monotonic() + timeout * (cells + 1), [])
+        ready, _, _ = select.select(list(running), [], [], 1.0)
+        for read in list(running):
+            index, pid, deadline, data = running[read]
+            chunk = os.read(read, 1 << 20) if read in ready else b""
+            if chunk:
+                data.append(chunk)
+                continue
+            if read not in ready:
+                if time.monotonic() < deadline:
+                    continue
+                os.kill(pid, 9)  # stuck where the cell timeout cannot reach (C code)
+            os.close(read)
+            os.waitpid(pid, 0)
+            del running[read]
+            try:
+                results[index] = pickle.loads(b"".join(data))
+            except Exception:  # noqa: BLE001 - the child died (memory, a signal, killed)
+                results[index] = None
+        while done in results:
+            result = results.pop(done)
+            if not isinstance(result, tuple):
+                result = _unfinished(paths[done], prediction_points)
+            yield result
+            done += 1
 
 
 def exercise_label(record: dict, exercises: dict) -> str:
@@ -305,21 +455,29 @@ def main(argv=None) -> int:
                         "<out stem>_feedback next to the CSV)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="notebooks graded at once (default: one per CPU core)")
+    parser.add_argument("--kernels", action="store_true", default=not hasattr(os, "fork"),
+                        help="run each submission in a fresh Jupyter kernel, as nbgrader "
+                        "does (slower; the default where the system cannot fork)")
     parser.add_argument("--strict", action="store_true",
                         help="exit 1 if any check failed or a notebook could not be graded")
     args = parser.parse_args(argv)
     feedback_dir = args.feedback or args.out.with_name(f"{args.out.stem}_feedback")
     feedback_dir.mkdir(parents=True, exist_ok=True)
     rows, summary, failed = [], [], False
-    # one worker process per core, each running its submissions' kernels one at a time
     jobs = max(1, min(args.jobs or os.cpu_count() or 1, len(args.notebooks)))
-    with ProcessPoolExecutor(jobs) as pool:
+    if args.kernels:  # one worker process per core, each running kernels one at a time
+        pool = ProcessPoolExecutor(jobs)
         results = pool.map(grade_one, args.notebooks, repeat(args.timeout),
                            repeat(args.prediction_points))
-        for path, (records, errors, exercises, written) in zip(args.notebooks, results,
-                                                               strict=True):
-            failed |= _report(path, records, errors, exercises, written, rows, summary,
-                              feedback_dir)
+    else:
+        pool, results = None, grade_forked(args.notebooks, args.timeout,
+                                           args.prediction_points, jobs)
+    for path, (records, errors, exercises, written) in zip(args.notebooks, results,
+                                                           strict=True):
+        failed |= _report(path, records, errors, exercises, written, rows, summary,
+                          feedback_dir)
+    if pool is not None:
+        pool.shutdown()
     with args.out.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         writer.writeheader()

@@ -1,0 +1,95 @@
+"""make grade's default route: each submission in a child forked from one process that has
+imported torch, tx_helpers and labkit once (labkit/course/grade.py: grade_forked, run_here).
+
+What the route must keep from a fresh kernel per submission: the same marks, one
+submission's changes to modules never reaching the next, a cell that never ends stopped by
+the timeout, and a child that dies graded 0 with its exercises still in the maximum.
+"""
+import csv
+import os
+
+import nbformat
+import pytest
+
+from labkit.course import grade
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the forked route needs fork")
+
+IMPORTS = "import torch\nimport labkit\nimport tx_helpers as tx"
+ATTENTION = ("def attention(q, k, v, mask=None):\n"
+             "    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5\n"
+             "    if mask is not None:\n"
+             "        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)\n"
+             "    w = torch.softmax(scores, dim=-1)\n"
+             "    return w @ v, w")
+
+
+UNSCALED = ("def attention(q, k, v, mask=None):\n"
+            "    w = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # no 1/sqrt(d_k)\n"
+            "    return w @ v, w")
+
+
+def notebook(path, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def marks(out):
+    rows = csv.DictReader(out.open())
+    return {r["notebook"]: (r["points"], r["max_points"]) for r in rows
+            if r["check"] == "total"}
+
+
+def test_a_submission_that_breaks_the_checks_does_not_reach_the_next(tmp_path):
+    """The first learner makes the lab kit's comparison say yes to anything (in one shared
+    process every later submission would then pass); the wrong one graded right after it,
+    in the same worker, still fails and the right one still passes."""
+    cheat = notebook(tmp_path / "a_cheat.ipynb", IMPORTS,
+                     "def attention(q, k, v, mask=None):\n    return q, None",
+                     "import labkit.compare\nlabkit.compare._close = lambda *a, **k: True")
+    honest = notebook(tmp_path / "b_honest.ipynb", IMPORTS, ATTENTION)
+    wrong = notebook(tmp_path / "c_wrong.ipynb", IMPORTS, UNSCALED)  # 1/3 of its probes
+    out = tmp_path / "grades.csv"
+    grade.main([str(cheat), str(honest), str(wrong), "--out", str(out), "--jobs", "1"])
+    got = marks(out)
+    assert (got["b_honest.ipynb"], got["c_wrong.ipynb"]) == (("1", "1"), ("0.33", "1")), got
+
+
+def test_the_forked_route_marks_as_a_fresh_kernel_does(tmp_path):
+    wrong = notebook(tmp_path / "wrong.ipynb", IMPORTS, UNSCALED,
+                     "raise ValueError('an unfinished cell')")
+    right = notebook(tmp_path / "right.ipynb", IMPORTS, ATTENTION)
+    rows = {}
+    for route in ([], ["--kernels"]):
+        out = tmp_path / f"grades{len(route)}.csv"
+        grade.main([str(wrong), str(right), "--out", str(out)] + route)
+        rows[bool(route)] = [{k: r[k] for k in ("notebook", "check", "passed", "mistakes",
+                                                "points", "max_points")}
+                             for r in csv.DictReader(out.open())]
+    assert rows[False] == rows[True]
+    by = {(r["notebook"], r["check"]): r for r in rows[False]}
+    assert by[("wrong.ipynb", "cells")]["mistakes"] == "1 cell(s) raised"
+    assert "no_scaling" in by[("wrong.ipynb", "check_attention(attention)")]["mistakes"]
+
+
+def test_a_cell_that_never_ends_is_stopped_and_the_rest_still_graded(tmp_path):
+    path = notebook(tmp_path / "loops.ipynb", IMPORTS, ATTENTION, "while True:\n    pass")
+    out = tmp_path / "grades.csv"
+    grade.main([str(path), "--out", str(out), "--timeout", "2"])
+    rows = {r["check"]: r for r in csv.DictReader(out.open())}
+    assert rows["cells"]["mistakes"] == "1 cell(s) raised"
+    assert rows["total"]["points"] == "1"
+
+
+def test_a_child_that_dies_scores_zero_and_keeps_its_maximum(tmp_path):
+    crash = notebook(tmp_path / "crash.ipynb", IMPORTS, ATTENTION, "import os\nos._exit(3)")
+    nb = nbformat.read(crash, as_version=4)
+    nb.metadata["tx_lab"] = {"exercises": [{"name": "attention", "number": 1,
+                                            "section": "3"}], "predictions": []}
+    nbformat.write(nb, crash)
+    out = tmp_path / "grades.csv"
+    assert grade.main([str(crash), "--out", str(out), "--strict"]) == 1
+    assert marks(out) == {"crash.ipynb": ("0", "1")}
