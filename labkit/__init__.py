@@ -51,7 +51,12 @@ from .positional import check_positional_encoding
 from .predict import check_prediction, seal_predictions, sealed_score
 from .quiz import check_shape_quiz
 from .report import CheckResult, clear_history, history
-from .silent_bugs import check_init_embeddings, check_repaired_weights, check_shift_targets
+from .silent_bugs import (
+    check_init_embeddings,
+    check_leak_map,
+    check_repaired_weights,
+    check_shift_targets,
+)
 from .training import check_train_step
 
 __all__ = [
@@ -65,7 +70,7 @@ __all__ = [
     "check_options",
     "check_phone_error_rate",
     "check_g2p_batches", "check_g2p_training",
-    "check_shift_targets", "check_init_embeddings", "check_repaired_weights",
+    "check_shift_targets", "check_init_embeddings", "check_repaired_weights", "check_leak_map",
     "check_beam_search", "run_beam_search",
     "check_parameter_counts",
 ]

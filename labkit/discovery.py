@@ -19,7 +19,12 @@ from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .quiz import check_shape_quiz
 from .report import CheckResult
-from .silent_bugs import check_init_embeddings, check_repaired_weights, check_shift_targets
+from .silent_bugs import (
+    check_init_embeddings,
+    check_leak_map,
+    check_repaired_weights,
+    check_shift_targets,
+)
 from .training import check_train_step
 
 _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
@@ -90,6 +95,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
             elif "repair" in key and "weights" in key:
                 found.append((f"check_repaired_weights({name})",
                               _bind(check_repaired_weights, obj)))
+            elif "leakmap" in key:
+                found.append((f"check_leak_map({name})", _bind(check_leak_map, obj)))
             elif "attention" in key:
                 found.append((f"check_attention({name})", _bind(check_attention, obj)))
             elif "trainstep" in key:

@@ -222,3 +222,95 @@ def test_the_repair_is_found_by_name():
     labels = [label for label, _ in labkit.find_checks({"repair_weights": repair_weights},
                                                        module=None)]
     assert labels == ["check_repaired_weights(repair_weights)"]
+
+
+# ---------------------------------------------------------------- the learner's leak map
+
+def leak_map_by_replacement(model, src, tgt_in):
+    # change one decoder input at a time to another symbol; compare the logits at every position
+    n = tgt_in.size(1)
+    moved = torch.zeros(n, n, dtype=torch.bool)
+    with torch.no_grad():
+        base = model(src, tgt_in)
+        for s in range(n):
+            changed = tgt_in.clone()
+            changed[:, s] = 3 + (changed[:, s] - 2) % (V - 3)
+            moved[:, s] = (model(src, changed) - base).abs().amax(dim=(0, 2)) > 1e-4
+    return moved
+
+
+def leak_map_by_gradient(model, src, tgt_in):
+    # an independent route: the gradient of each output row with respect to the embedded inputs
+    leaf = {}
+
+    def hook(_module, _inputs, output):
+        leaf["x"] = output.detach().requires_grad_(True)
+        return leaf["x"]
+
+    handle = model.decoder.embedding.register_forward_hook(hook)
+    try:
+        logits = model(src[:1], tgt_in[:1])
+    finally:
+        handle.remove()
+    rows = [torch.autograd.grad(logits[0, t].square().sum(), leaf["x"], retain_graph=True)[0][0]
+            .abs().sum(-1) > 0 for t in range(tgt_in.size(1))]
+    return torch.stack(rows)
+
+
+def leak_map_cumulative(model, src, tgt_in):
+    # the mistake: every input from s on changed at once
+    n = tgt_in.size(1)
+    out = []
+    with torch.no_grad():
+        base = model(src, tgt_in)
+        for s in range(n):
+            changed = tgt_in.clone()
+            changed[:, s:] = 3 + (changed[:, s:] - 2) % (V - 3)
+            out.append((model(src, changed) - base).abs().amax(dim=(0, 2)) > 1e-4)
+    return torch.stack(out, 1)
+
+
+def leak_map_argmax(model, src, tgt_in):
+    # the mistake: predicted tokens compared instead of logits, on one sequence
+    n = tgt_in.size(1)
+    moved = torch.zeros(n, n, dtype=torch.bool)
+    with torch.no_grad():
+        base = model(src[:1], tgt_in[:1]).argmax(-1)[0]
+        for s in range(n):
+            changed = tgt_in[:1].clone()
+            changed[:, s] = 3 + (changed[:, s] - 2) % (V - 3)
+            moved[:, s] = model(src[:1], changed).argmax(-1)[0] != base
+    return moved
+
+
+def leak_map_noise(model, src, tgt_in):
+    # the mistake: a threshold of 0 and the model run twice in train mode (dropout-free here,
+    # so simulated by adding noise to the comparison)
+    return leak_map_by_replacement(model, src, tgt_in) | torch.eye(tgt_in.size(1)).roll(1, 1).bool()
+
+
+@pytest.mark.parametrize("fn", [leak_map_by_replacement, leak_map_by_gradient])
+def test_a_correct_leak_map_passes(fn):
+    result = labkit.check_leak_map(fn, verbose=False)
+    assert result.passed, result.report
+    assert sum("the map is right" in m for m in result.messages) == len(sb._LEAK_CASES)
+
+
+@pytest.mark.parametrize("fn, key", [
+    (lambda m, s, t: leak_map_by_replacement(m, s, t).T, "leak_map_transposed"),
+    (leak_map_cumulative, "leak_map_cumulative"),
+    (leak_map_argmax, "leak_map_misses"),
+    (leak_map_noise, "leak_map_spurious"),
+    (lambda m, s, t: leak_map_by_replacement(m, s, t)[None], "wrong_output_shape"),
+])
+def test_each_leak_map_mistake_is_named(fn, key):
+    result = labkit.check_leak_map(fn, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_the_leak_map_is_found_by_name():
+    def leak_map(model, src, tgt_in):
+        return leak_map_by_replacement(model, src, tgt_in)
+
+    labels = [label for label, _ in labkit.find_checks({"leak_map": leak_map}, module=None)]
+    assert labels == ["check_leak_map(leak_map)"]
