@@ -118,7 +118,8 @@ GRADED_LINES = {  # README lines that differ in a graded handout
     "run it *before* the next cell, which grades your answer and shows the true value.":
     "run it *before* the cells below it; the grading cell records it (sealed, see below).",
     "- Run the cells from the top. Each notebook's top note says whether *Run All* stops at the\n"
-    "  first stub you have not filled in (when a cell runs it, it raises `NotImplementedError` and\n"
+    "  first stub you have not filled in (when a cell runs it, it raises `NotImplementedError`"
+    " and\n"
     "  the cells after it stay blank: fill it in, run it, then use *Run > Run Selected Cell and\n"
     "  All Below*) or runs to the end (the stub's check reports it as not written yet).":
     "- Run the cells from the top. *Run All* stops at the first cell that raises: a stub you have\n"
