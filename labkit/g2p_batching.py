@@ -110,8 +110,8 @@ MISTAKES.update({
     "g2p_avg_wrong_steps": (
         "the returned weights are an average, but of checkpoints taken after other steps than "
         "the recipe's (off by one, not average_every apart, or too many)",
-        "the last checkpoint is the one after the final step; count back average_every steps "
-        "for each earlier one"),
+        "the last checkpoint is the one after the final step; count back the spacing "
+        "between checkpoints for each earlier one"),
     "g2p_avg_not_eval": (
         "the returned model is still in training mode",
         "return the model in evaluation mode, as the contract says"),

@@ -21,12 +21,12 @@ MISTAKES.update({
     "decoder_past_rows_first": (
         "with past > 0 the decoder mask gives the new queries the rows of the first positions "
         "(0, 1, ...) instead of their own (past, past + 1, ...)",
-        "the new queries sit after the cached ones: query i is at position past + i and may see "
-        "keys 0 .. past + i"),
+        "the new queries sit after the cached ones: the first new query is the position just "
+        "after the last cached one, and it may see every key up to itself"),
     "decoder_past_keys_dropped": (
         "with past > 0 the decoder mask covers only the new positions as keys; the cached "
         "positions are keys too",
-        "the keys are every position so far, the past ones and the new ones: past + L columns"),
+        "the keys are every position so far: the cached ones and the new ones"),
 })
 
 
