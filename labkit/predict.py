@@ -43,8 +43,10 @@ def _normalise(value):
         return value.item()
     if isinstance(value, list):
         return tuple(_normalise(v) for v in value)
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, range)):
         return tuple(_normalise(v) for v in value)
+    if isinstance(value, (set, frozenset)):  # "which positions": {1, 3} is the list (1, 3)
+        return tuple(sorted(_normalise(v) for v in value))
     if isinstance(value, str):  # case, spacing and "100 %" vs "100%" do not matter
         return re.sub(r"\s+%", "%", " ".join(value.split())).lower()
     return value
@@ -132,7 +134,8 @@ def _grade_prediction(name, predicted, actual, tol, rel, mistakes, verbose) -> C
     tolerance = ("" if tol is None and rel is None else
                  f" (within {tol if tol is not None else f'{rel:.0%}'})")
     if predicted is ... or predicted is None:
-        report.probe(False, f"{name}: no prediction yet; the answer is {_shown(actual)}")
+        report.probe(False, f"{name}: no prediction yet: write yours in the cell above "
+                     "(in place of ...) and run this cell again")  # the answer stays hidden
         report.mistake("prediction_missing")
         return report.finish()
     ok = _same(predicted, actual, tol, rel)

@@ -48,7 +48,14 @@ def test_choices_ignore_case_and_space_but_not_bool_vs_int():
 def test_blank_prediction_is_reported_not_raised(blank):
     result = labkit.check_prediction("output shape", blank, (2, 5), verbose=False)
     assert result.mistakes == ["prediction_missing"]
-    assert "no prediction yet; the answer is (2, 5)" in result.report
+    assert "no prediction yet: write yours in the cell above" in result.report
+    assert "(2, 5)" not in result.report  # a blank does not reveal the answer
+
+
+@pytest.mark.parametrize("given", [range(5), {4, 0, 2, 1, 3}, [0, 1, 2, 3, 4]])
+def test_positions_as_a_range_or_a_set_are_the_same_answer(given):
+    assert labkit.check_prediction("positions", given, (0, 1, 2, 3, 4), verbose=False).passed
+    assert not labkit.check_prediction("positions", given, (0, 1, 2, 3), verbose=False).passed
 
 
 def test_bad_arguments_say_what_was_expected():

@@ -45,9 +45,7 @@ The script runs the learners' code: run it in a container or a throw-away accoun
 from __future__ import annotations
 
 import argparse
-import ast
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -58,131 +56,21 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from labkit.marks import check_options
+from labkit.course.grade_forked import grade_forked, run_here
+from labkit.course.submission import prepare, records_from, written_answers
 
 # The kernels' debugger warning about frozen modules is noise in the teacher's terminal.
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-MARK = "@@TX_GRADES@@"
-META_KEY = "tx_exercise"
-COLLECT = """\
-import json as _json
-import labkit as _grading
-_names = {names!r}
-_points = {points!r}
-_options = {options!r}
-if _names is None:
-    _names = [_n for _n, _o in list(globals().items()) if not _n.startswith("_")
-              and getattr(_o, "__module__", None) == "__main__"]
-_records = []
-for _n in _names:
-    if _n not in globals():  # a declared exercise the learner removed: 0, still in the maximum
-        _records.append(dict(name=_n, subject=_n, passed=False, mistakes=["not_defined"],
-                             messages=["Diagnosis: " + _n + " is not defined in the notebook"],
-                             label="missing(" + _n + ")",
-                             mark=dict(score=0, points=_points.get(_n, 1), delegated="")))
-        continue
-    _found = _grading.find_checks({{_n: globals()[_n]}}, module=None)
-    if not _found:
-        continue
-    _m = _grading.mark_exercise(_n, globals()[_n], points=_points.get(_n, 1), verbose=False,
-                                **_options.get(_n, {{}}))
-    _d = _m.as_dict()
-    _d.pop("result")
-    _records.append(dict(_m.result.as_dict(), label=_found[0][0], mark=_d))
-_marked = set()
-for _m in _grading.mark_predictions(points_each={prediction_points!r}):
-    _d = _m.as_dict()
-    _d.pop("result")
-    _marked.add(_d["exercise"])
-    _records.append(dict(_m.result.as_dict(), label="prediction", mark=_d))
-for _label in {declared!r}:  # a declared prediction whose cells raised: 0, still in the maximum
-    _e = "prediction: " + _label
-    if _e not in _marked:
-        _records.append(dict(name="check_prediction", subject=_label, passed=False,
-                             mistakes=["prediction_missing"], label="prediction",
-                             messages=["Diagnosis: this prediction was never graded (its cell "
-                                       "raised or did not run)"],
-                             mark=dict(exercise=_e, score=0, points={prediction_points!r},
-                                       delegated="")))
-print({mark!r} + _json.dumps(_records))
-"""
 NOT_MARKS = ("cells", "none", "written", "total")  # CSV rows that are not a check's mark
 FIELDS = ["notebook", "exercise", "check", "passed", "mistakes", "diagnosis", "points",
           "max_points", "delegated"]
-
-
-def defined_names(source: str) -> list[str]:
-    """Top-level classes and functions a cell defines (IPython magics skipped)."""
-    lines = [line for line in source.split("\n") if not line.lstrip().startswith(("%", "!"))]
-    try:
-        tree = ast.parse("\n".join(lines))
-    except SyntaxError:
-        return []
-    return [node.name for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-
-
-def exercises_of(nb) -> dict[str, list[dict]]:
-    """Name an exercise asks for -> the exercises (number, name, section) it holds.
-
-    The lab's declared exercises (notebook metadata ``tx_lab``, else each exercise cell's
-    ``tx_exercise`` items), never only what the learner defined: an exercise answered by an
-    assignment (``lookahead_mask = M.lookahead_mask``) or deleted still counts in the maximum.
-    """
-    found: dict[str, list[dict]] = {}
-    declared = nb.metadata.get("tx_lab", {}).get("exercises")
-    if declared is None:
-        declared = [item for cell in nb.cells if cell.cell_type == "code"
-                    for item in cell.get("metadata", {}).get(META_KEY) or []]
-    for item in declared:
-        found.setdefault(item["name"].split(".")[0], []).append(
-            {key: item[key] for key in ("name", "number", "section") if key in item})
-    return found
-
-
-def written_answers(nb) -> list[tuple[str, str]]:
-    """(question, the learner's answer) for each ``**Write.**`` cell, for marking by hand."""
-    pairs = []
-    for cell, after in zip(nb.cells, nb.cells[1:] + [None], strict=True):
-        if cell.cell_type != "markdown" or not cell.source.startswith("**Write.**"):
-            continue
-        question = " ".join(cell.source[len("**Write.**"):].split("<details>")[0].split())
-        answer = ""
-        if after is not None and after.cell_type == "markdown" \
-                and not after.source.startswith("**Write.**"):
-            answer = after.source.replace("**Your answer:**", "").strip()
-            if answer.startswith("*(double-click"):
-                answer = ""
-        pairs.append((question, " ".join(answer.split()) or "(no answer)"))
-    return pairs
-
-
-def _prepare(path: Path, prediction_points: float):
-    """The submission with the collecting cell appended: (notebook, its own cells, exercises)."""
-    nb = nbformat.read(path, as_version=4)
-    exercises = exercises_of(nb)
-    n_cells = len(nb.cells)
-    names = sorted(exercises) if exercises else None
-    points = {name: max(1, len(items)) for name, items in exercises.items()}
-    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    options = {name: check_options(code, name) for name in exercises}
-    declared = [p["label"] for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
-    nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
-        names=names, mark=MARK, points=points, options=options,
-        prediction_points=prediction_points, declared=declared)))
-    return nb, n_cells, exercises
-
-
-def _records(text: str) -> list[dict]:
-    """The collecting cell's records, [] if it never printed them (tx_helpers missing?)."""
-    return json.loads(text.split(MARK, 1)[1]) if MARK in text else []
 
 
 def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
                  ) -> tuple[list[dict], int, dict]:
     """Execute ``path`` (a copy in memory) in a fresh Jupyter kernel:
     (check records, cells that raised, exercises)."""
-    nb, n_cells, exercises = _prepare(path, prediction_points)
+    nb, n_cells, exercises = prepare(path, prediction_points)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     client.execute(stderr=subprocess.DEVNULL)  # the kernel's own log lines are noise here
@@ -190,149 +78,16 @@ def run_notebook(path: Path, timeout: int = 120, prediction_points: float = 0.5
                  and any(o.get("output_type") == "error" for o in cell.get("outputs", [])))
     text = "".join(out.get("text", "") for out in nb.cells[-1].outputs
                    if out.get("output_type") == "stream")
-    return _records(text), errors, exercises
-
-
-class CellTimeout(Exception):
-    """A cell ran longer than ``--timeout`` seconds."""
-
-
-def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
-             ) -> tuple[list[dict], int, dict]:
-    """Execute ``path`` in a fresh IPython shell of this process, as a kernel would, but
-    without starting one: what :func:`run_notebook` returns. Meant for a forked child (it
-    changes the working folder and the process's output streams)."""
-    import contextlib
-    import io
-    import signal
-
-    from IPython.core.interactiveshell import InteractiveShell
-
-    nb, n_cells, exercises = _prepare(path, prediction_points)
-    os.chdir(path.parent.resolve())
-    sys.path.insert(0, "")  # a kernel imports from its working folder
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # output written below Python (C extensions) is noise here
-    os.dup2(devnull, 2)
-    class Shell(InteractiveShell):
-        def enable_gui(self, gui=None):  # %matplotlib inline asks; there is no event loop
-            pass
-
-    shell = Shell.instance(colors="NoColor")
-    shell.display_formatter.active_types = ["text/plain"]  # figures are never drawn
-
-    def expire(signum, frame):
-        raise CellTimeout(f"the cell ran longer than {timeout} s")
-
-    signal.signal(signal.SIGALRM, expire)
-    errors, text = 0, ""
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        out = io.StringIO()
-        signal.alarm(timeout)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            result = shell.run_cell(cell.source, store_history=False)
-        signal.alarm(0)
-        errors += index < n_cells and not result.success
-        text = out.getvalue()
-    return _records(text), errors, exercises
+    return records_from(text), errors, exercises
 
 
 def grade_one(path: Path, timeout: int, prediction_points: float, kernels: bool = True):
     """One submission: (records, cells that raised, exercises, written answers)."""
-    run = run_notebook if kernels else run_here
-    records, errors, exercises = run(path, timeout, prediction_points)
+    if kernels:
+        records, errors, exercises = run_notebook(path, timeout, prediction_points)
+    else:
+        records, errors, exercises = run_here(path, timeout, prediction_points)
     return records, errors, exercises, written_answers(nbformat.read(path, as_version=4))
-
-
-def _unfinished(path: Path, prediction_points: float):
-    """A submission whose grading process died (it exited, ran out of memory, was killed
-    past its time): each declared exercise and prediction scores 0, still in the maximum."""
-    nb = nbformat.read(path, as_version=4)
-    exercises = exercises_of(nb)
-    why = "Diagnosis: the notebook stopped the grader before its checks ran (a cell exited " \
-          "the process, ran out of memory or never ended)"
-    records = [dict(name=name, subject=name, passed=False, mistakes=["not_graded"],
-                    messages=[why], label=f"unfinished({name})",
-                    mark=dict(score=0, points=max(1, len(items)), delegated=""))
-               for name, items in exercises.items()]
-    records += [dict(name="check_prediction", subject=p["label"], passed=False,
-                     mistakes=["not_graded"], messages=[why], label="prediction",
-                     mark=dict(exercise="prediction: " + p["label"], score=0,
-                               points=prediction_points, delegated=""))
-                for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
-    return records, 0, exercises, written_answers(nb)
-
-
-def _preload() -> None:
-    """Import what every submission imports, once, before the children are forked."""
-    import matplotlib.pyplot  # noqa: F401
-    import torch  # noqa: F401
-    from IPython.core.interactiveshell import InteractiveShell  # noqa: F401
-    from matplotlib_inline import backend_inline  # noqa: F401
-
-    import labkit  # noqa: F401
-    import tx_helpers  # noqa: F401
-
-
-def grade_forked(paths: list[Path], timeout: int, prediction_points: float, jobs: int):
-    """Yield each submission's :func:`grade_one` result, in order, grading ``jobs`` at once,
-    each in its own child forked from this process after :func:`_preload` (no kernel to
-    start, no import to repeat; a child's changes to modules die with it)."""
-    import pickle
-    import select
-    import time
-
-    _preload()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    results: dict[int, object] = {}
-    running: dict[int, tuple] = {}  # read end -> (index, pid, deadline, data)
-    todo = list(enumerate(paths))
-    done = 0
-    while done < len(paths):
-        while todo and len(running) < jobs:
-            index, path = todo.pop(0)
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: grade, send the result, leave without clean-up
-                os.close(read)
-                try:
-                    import torch
-                    torch.set_num_threads(threads)
-                    result = grade_one(path, timeout, prediction_points, kernels=False)
-                except BaseException as err:  # noqa: BLE001 - reported as a failed grade
-                    result = err
-                with os.fdopen(write, "wb") as fh:
-                    pickle.dump(result, fh)
-                os._exit(0)
-            os.close(write)
-            cells = sum(c.cell_type == "code" for c in nbformat.read(path, as_version=4).cells)
-            running[read] = (index, pid, time.monotonic() + timeout * (cells + 1), [])
-        ready, _, _ = select.select(list(running), [], [], 1.0)
-        for read in list(running):
-            index, pid, deadline, data = running[read]
-            chunk = os.read(read, 1 << 20) if read in ready else b""
-            if chunk:
-                data.append(chunk)
-                continue
-            if read not in ready:
-                if time.monotonic() < deadline:
-                    continue
-                os.kill(pid, 9)  # stuck where the cell timeout cannot reach (C code)
-            os.close(read)
-            os.waitpid(pid, 0)
-            del running[read]
-            try:
-                results[index] = pickle.loads(b"".join(data))
-            except Exception:  # noqa: BLE001 - the child died (memory, a signal, killed)
-                results[index] = None
-        while done in results:
-            result = results.pop(done)
-            if not isinstance(result, tuple):
-                result = _unfinished(paths[done], prediction_points)
-            yield result
-            done += 1
 
 
 def exercise_label(record: dict, exercises: dict) -> str:

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from labkit import check_options  # noqa: E402
 from labkit.course import labinfo, markup, regions, scoring  # noqa: E402
-from labkit.course.grade import defined_names  # noqa: E402
+from labkit.course.submission import defined_names  # noqa: E402
 
 SCHEMA = 3
 CONFIG = '''\
