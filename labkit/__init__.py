@@ -34,6 +34,7 @@ from .g2p import check_phone_error_rate
 from .g2p_batching import check_g2p_batches, check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
+from .leak_map import check_leak_map
 from .marks import (
     Mark,
     check_options,
@@ -53,7 +54,6 @@ from .quiz import check_shape_quiz
 from .report import CheckResult, clear_history, history
 from .silent_bugs import (
     check_init_embeddings,
-    check_leak_map,
     check_repaired_weights,
     check_shift_targets,
 )

@@ -12,6 +12,7 @@ from .feed_forward import check_feed_forward
 from .g2p_batching import check_g2p_batches, check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
+from .leak_map import check_leak_map
 from .masks import check_masks
 from .model import check_transformer
 from .multi_head import check_multi_head_attention
@@ -21,7 +22,6 @@ from .quiz import check_shape_quiz
 from .report import CheckResult
 from .silent_bugs import (
     check_init_embeddings,
-    check_leak_map,
     check_repaired_weights,
     check_shift_targets,
 )

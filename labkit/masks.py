@@ -5,6 +5,7 @@ import torch
 
 from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
 
+from .mask_contract import _probe_device_argument, _probe_errors, _probe_input_device, _takes
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
@@ -337,95 +338,3 @@ def _probe_cross_mask(report, fn, src, tgt):
             report.note(f"shape {shape} works; (N, 1, L_src) and (N, L_tgt, L_src) are the "
                         "usual forms")
     _guard(report, probe)
-
-
-def _probe_errors(report: _Report, padding_fn, lookahead_fn, cross_fn, src, tgt) -> None:
-    """The ValueErrors of notebook 05's contract, for each function none of whose probes failed."""
-    failed = " ".join(text for ok, text in report.probes if not ok)
-    cases = []
-    if padding_fn is not None and "padding_fn" not in failed:
-        cases += [("padding_fn(seq of shape (6,), pad_idx=1)", "seq", padding_fn, (src[0], 1)),
-                  ("padding_fn(seq of shape (3, 6, 1), pad_idx=1)", "seq", padding_fn,
-                   (src[..., None], 1))]
-    if lookahead_fn is not None and "lookahead_fn" not in failed:
-        cases += [(f"lookahead_fn({size})", "size", lookahead_fn, (size,)) for size in (0, -2)]
-    if cross_fn is not None and "cross_fn" not in failed:
-        cases.append(("cross_fn(src (3, 6), tgt (2, 4), pad_idx=1)", "tgt", cross_fn,
-                      (src, tgt[:2], 1)))
-    for call, name, fn, args in cases:
-        what = f"{call} raises a ValueError naming {name}"
-        try:
-            fn(*args)
-        except ValueError as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else ""
-            if not report.probe(name in str(exc), what + ("" if name in str(exc)
-                                                          else f" (it says: {msg})")):
-                report.mistake("mask_error_message", f"{call}: {msg}")
-            continue
-        except Exception as exc:  # noqa: BLE001 - the wrong error, or none checked at all
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            report.probe(False, f"{what} (it raised {type(exc).__name__}: {first})")
-            report.mistake("mask_argument_unchecked", f"{call} raised {type(exc).__name__}")
-            continue
-        report.probe(False, f"{what} (it returned without an error)")
-        report.mistake("mask_argument_unchecked", f"{call} returned a mask")
-
-
-def _device_error(exc: BaseException) -> bool:
-    low = str(exc).lower()
-    return "device" in low or "meta" in low
-
-
-def _takes(fn, name: str) -> bool:
-    """True when ``fn``'s signature has a parameter ``name`` (False when it cannot be read)."""
-    import inspect
-
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _probe_device_argument(report: _Report, fn) -> None:
-    """``lookahead_fn(size, device=...)`` must build the mask on that device."""
-    if not _takes(fn, "device"):
-        return
-    what = "lookahead_fn(5, device='meta') builds the mask on that device"
-    try:
-        m = fn(5, device=torch.device("meta"))
-    except Exception as exc:  # noqa: BLE001 - reported below
-        report.probe(False, f"{what} (raised {type(exc).__name__}: "
-                     f"{str(exc).splitlines()[0] if str(exc) else ''})")
-        if not isinstance(exc, NotImplementedError):  # a stub: not_implemented says it all
-            report.mistake("mask_device_ignored", "it raised on the meta device")
-        return
-    ok = isinstance(m, torch.Tensor) and m.device.type == "meta"
-    if not report.probe(ok, what + ("" if ok else f" (got a mask on "
-                                    f"{getattr(m, 'device', '?')})")):
-        report.mistake("mask_device_ignored", "the device argument is accepted but not used")
-
-
-def _probe_input_device(report: _Report, name, fn, args, required: bool) -> None:
-    """A mask built from token ids should live on their device (here: ``meta``)."""
-    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
-    problem = None
-    try:
-        m = fn(*meta)
-        if isinstance(m, torch.Tensor) and m.device.type != "meta":
-            problem = f"returns a mask on {m.device} for token ids on another device"
-    except Exception as exc:  # noqa: BLE001 - only device errors say anything
-        if not _device_error(exc):
-            return
-        problem = ("builds part of the mask on a fixed device and combines it with one on the "
-                   "input's device (" + str(exc).splitlines()[0][:120] + ")")
-    what = f"{name} builds its mask on the device of its input"
-    if problem is None:
-        if required:
-            report.probe(True, what)
-        return
-    if required:
-        report.probe(False, f"{what}: it {problem}")
-        report.mistake("mask_device_ignored", f"{name} {problem}")
-    else:
-        report.note(f"{name} {problem}; on a GPU this fails. Build every part on the input's "
-                    "device: lookahead_mask(L, device=tgt.device)")
