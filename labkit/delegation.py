@@ -78,7 +78,7 @@ _PASS_THROUGH = (_TX_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.
                  os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
-_KIT_REFERENCE = ("_reference", "_variant", "_amp_step", "_smoothed_ce", "_greedy")
+_KIT_REFERENCE = ("_reference", "_variant", "_amp_step", "_smoothed_ce", "_greedy", "_formula")
 
 
 def _kit_references() -> dict[types.CodeType, str]:
@@ -183,13 +183,15 @@ class watch_references:
     hook sees every Python call, whatever name the caller reached the reference by.
     """
 
-    def __init__(self, names: set[str]):
+    def __init__(self, names: set[str], given=()):
         self.found: list[str] = []
+        self._given = set(given)  # code the lab hands out (a class's given methods): not the
+        # learner's, so what it calls is not delegation
         self._codes = {c: name for ref, name in reference_objects(names).items()
                        for c in _codes(ref)}
         self._copies = _copies(self._codes)
         self._seen: dict[types.CodeType, str | None] = {}  # learner code -> copied reference
-        self._kit_refs = _kit_references() if self._codes else {}
+        self._kit_refs = _kit_references()  # watched for every check, with or without tx refs
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
         # PyTorch's fused attention is the whole of the attention exercise in one call
@@ -200,7 +202,8 @@ class watch_references:
     def __enter__(self):
         self._previous = sys.getprofile()
         self._previous_threads = threading.getprofile()
-        self._active = bool(self._codes or self._smoothing or self._sdpa is not None)
+        self._active = bool(self._codes or self._kit_refs or self._smoothing
+                            or self._sdpa is not None)
         if self._active:
             sys.setprofile(self._hook)
             threading.setprofile(self._hook)  # a thread the learner's code starts is watched too
@@ -247,6 +250,7 @@ class watch_references:
             if code not in self._seen:  # a copy of the reference's source, under any name
                 path = os.path.abspath(code.co_filename)
                 self._seen[code] = (None if path.startswith((_KIT_DIR,) + _PASS_THROUGH)
+                                    or code in self._given
                                     else self._copies.get(_fingerprint(code)))
             copied = self._seen[code]
             if copied:
@@ -264,15 +268,14 @@ class watch_references:
                 self._add(f"{owner.__name__} runs tx_helpers' {name}.{code.co_name} (it "
                           f"subclasses or borrows from {name})")
 
-    @staticmethod
-    def _learner_caller(frame, start=None) -> str | None:
+    def _learner_caller(self, frame, start=None) -> str | None:
         """The learner's function nearest to ``frame`` on the stack (from ``start``, the
         caller by default), or None if the lab kit called it (torch, tx_helpers and the
         standard library are passed through)."""
         caller = frame.f_back if start is None else start
         while caller is not None:
             path = os.path.abspath(caller.f_code.co_filename)
-            if path.startswith(_KIT_DIR):
+            if path.startswith(_KIT_DIR) or caller.f_code in self._given:
                 return None
             if not path.startswith(_PASS_THROUGH):
                 return f"your {caller.f_code.co_name}"
@@ -284,14 +287,16 @@ class watch_references:
             self.found.append(text)
 
 
-def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None:
+def find_delegation(obj, check_name: str, slot: str | None = None,
+                    methods: list[str] | None = None) -> str | None:
     """What in ``obj``'s own code hands the exercise to the tx reference, or None.
 
     Static: identity (:func:`identity_delegation`), then the source (``inspect.getsource``;
     IPython keeps cell sources) for a name or attribute that resolves to a ``tx_helpers``
     object listed in :data:`REFERENCES` for ``check_name`` (for ``check_masks``, only the
     reference of the mask ``slot`` names, such as ``"decoder_fn"``), and the class's bases.
-    :class:`watch_references` catches the rest while the check runs.
+    :class:`watch_references` catches the rest while the check runs. ``methods``: for a
+    class, only these methods' sources are read (the rest is code the lab hands out).
     """
     refs = reference_names(check_name, slot)
     if not refs:
@@ -308,8 +313,12 @@ def find_delegation(obj, check_name: str, slot: str | None = None) -> str | None
         scope = vars(module) if module is not None else {}
     else:
         scope = getattr(target, "__globals__", {})
+    parts = [target]
+    if isinstance(target, type) and methods:
+        parts = [vars(target)[m] for m in methods if inspect.isfunction(vars(target).get(m))]
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+        tree = ast.Module(body=[node for part in parts for node in ast.parse(
+            textwrap.dedent(inspect.getsource(part))).body], type_ignores=[])
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
     if check_name == "check_label_smoothing":

@@ -5,10 +5,13 @@ import functools
 
 from torch import nn
 
+from .amp import check_amp_step
 from .attention import check_attention
 from .beam import check_beam_search
 from .decoding import check_greedy_decode
+from .distributed import check_token_mean_loss
 from .feed_forward import check_feed_forward
+from .g2p import check_phone_error_rate
 from .g2p_batching import check_g2p_batches, check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
@@ -59,7 +62,9 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
     ``*beam*`` (a beam-search step), ``*bucket*`` (13's length-bucketed batches),
-    ``*short_run*`` (13's training call), ``*shift_target*``, ``*init_embedding*`` and
+    ``*short_run*`` (13's training call), ``*phone_error*`` (13's PER), ``*token_mean*``
+    and ``*amp_step*`` (12's loss and mixed-precision step), ``*shift_target*``,
+    ``*init_embedding*`` and
     ``*repair*weights*`` (10's lab), ``*quiz*`` (the shape quiz: a function returning the
     answers) and
     ``*mask*`` (padding, look-ahead, decoder, cross: all mask functions go to one
@@ -97,6 +102,14 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                               _bind(check_repaired_weights, obj)))
             elif "leakmap" in key:
                 found.append((f"check_leak_map({name})", _bind(check_leak_map, obj)))
+            elif "tokenmean" in key:
+                found.append((f"check_token_mean_loss({name})",
+                              _bind(check_token_mean_loss, obj)))
+            elif "ampstep" in key:
+                found.append((f"check_amp_step({name})", _bind(check_amp_step, obj)))
+            elif "phoneerror" in key:
+                found.append((f"check_phone_error_rate({name})",
+                              _bind(check_phone_error_rate, obj)))
             elif "attention" in key:
                 found.append((f"check_attention({name})", _bind(check_attention, obj)))
             elif "trainstep" in key:

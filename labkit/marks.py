@@ -25,6 +25,7 @@ One exercise, one mark::
 from __future__ import annotations
 
 import ast
+import inspect
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -152,8 +153,12 @@ def mark_result(exercise: str, result: CheckResult, points: float = 1.0,
 
 
 def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbose: bool = True,
-                  **check_kwargs) -> Mark:
+                  methods: list[str] | None = None, **check_kwargs) -> Mark:
     """Run the check for ``obj`` (chosen by name unless ``check`` is given) and mark it.
+
+    ``methods``: for a class, the methods the learner writes; its other methods are the lab's
+    given code, and what they call (``tx.sinusoidal_table`` in a given ``__init__``) is not
+    counted as handing the exercise to the reference.
 
     Prints the mark line and the full report when ``verbose``. Warnings raised inside the
     learner's code are silenced here (nbgrader scores a test cell that writes to stderr 0).
@@ -189,10 +194,15 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
             if check_name == "check_masks" and not check_kwargs:
                 return check(obj, verbose=verbose)
             return check(obj, verbose=verbose, **check_kwargs)
-    with warnings.catch_warnings(), watch_references(own) as watch:
+    given = ()
+    if methods and isinstance(learner_obj, type):
+        given = [f.__code__ for n, f in vars(learner_obj).items()
+                 if inspect.isfunction(f) and n not in methods]
+    with warnings.catch_warnings(), watch_references(own, given) as watch:
         warnings.simplefilter("ignore")
         result = runner(verbose=False)
-    delegated = find_delegation(learner_obj, check_name, slot) or "; ".join(watch.found)
+    delegated = (find_delegation(learner_obj, check_name, slot, methods)
+                 or "; ".join(watch.found))
     mark = mark_result(exercise, result, points, delegated or None)
     if swapped:
         mark.lines.insert(1, "  Checked with " + ", ".join(f"tx.{n}" for n in swapped)

@@ -93,3 +93,46 @@ def test_a_child_that_dies_scores_zero_and_keeps_its_maximum(tmp_path):
     out = tmp_path / "grades.csv"
     assert grade.main([str(crash), "--out", str(out), "--strict"]) == 1
     assert marks(out) == {"crash.ipynb": ("0", "1")}
+
+
+@pytest.mark.parametrize("name", ["02_positional_encoding.ipynb", "03_multi_head_attention.ipynb"])
+def test_a_solved_lab_grades_to_full_automatic_marks(tmp_path, name):
+    """The exercise copy with the solutions and predictions of the solved notebook put back:
+    every automatic point. 02's given __init__ calls tx.sinusoidal_table and 03's given
+    split_heads is tx's code; neither is the learner's delegation (both once scored 0)."""
+    import json
+    from pathlib import Path
+
+    from test_exercises import fill_back
+
+    from labkit.course import layout, markup, regions
+
+    root = Path(__file__).resolve().parents[1] / "notebooks"
+    solved = {c.id: c.source for c in nbformat.read(root / name, as_version=4).cells}
+    nb = nbformat.read(root / layout.EXERCISE_DIR / name, as_version=4)
+    nb = nbformat.from_dict(json.loads(json.dumps(nb)))
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get(markup.META_KEY):
+            cell.source = fill_back(cell.source, regions.strip_hidden_tests(solved[cell.id]))
+        elif cell.cell_type == "code" and "### PREDICTION" in solved.get(cell.id, ""):
+            cell.source = solved[cell.id]
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    assert grade.main([str(path), "--out", str(out), "--strict"]) == 0
+    points, total = marks(out)[name]
+    assert points == total and float(total) > 0, (points, total)
+
+
+def test_the_labs_exercise_names_pair_with_their_checks():
+    """12's and 13's exercises once had no automatic check although their checks exist."""
+    import labkit
+
+    def f():
+        pass
+
+    for name, check in (("token_mean_loss", "check_token_mean_loss"),
+                        ("amp_step", "check_amp_step"),
+                        ("my_phone_error_rate", "check_phone_error_rate")):
+        found = labkit.find_checks({name: f}, module=None)
+        assert [label for label, _ in found] == [f"{check}({name})"], found

@@ -16,6 +16,11 @@ GREEDY_CALL = "model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len"
 
 # route -> (exercise name, the learner's cell)
 GAMED = {
+    "the lab kit's own parameter formula": ("parameter_counts", """
+from labkit.parameters import _formula
+def parameter_counts(config):
+    return _formula(config)
+"""),
     "alias import": ("greedy_decode", f"""
 from tx_helpers.decoding import greedy_decode as _g
 def greedy_decode({GREEDY_ARGS}):
@@ -312,3 +317,32 @@ def test_the_watch_leaves_no_profiler_behind():
     with watch_references({"padding_mask"}) as watch:
         assert sys.getprofile() is not before
     assert sys.getprofile() is before and watch.found == []
+
+
+GIVEN_INIT = """
+import torch
+from torch import nn
+import tx_helpers as tx
+class MyPositionalEncoding(nn.Module):
+    def __init__(self, d_model, max_len=512, dropout=0.1):  # the lab's given code
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("pe", tx.sinusoidal_table(max_len, d_model))
+    def forward(self, x):
+        {forward}
+"""
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_given_method_that_calls_tx_is_not_the_learners_delegation():
+    """02's exercise is forward; the given __init__ builds the table with tx (it earned 0)."""
+    own = _cell(GIVEN_INIT.format(forward="return self.dropout(x + self.pe[: x.size(1)])"),
+                "given __init__")["MyPositionalEncoding"]
+    mark = g.mark_exercise("MyPositionalEncoding", own, verbose=False, methods=["forward"])
+    assert mark.delegated is None and mark.score == 1, mark.lines
+    # without the scope the given __init__ is read as the learner's: the old false 0
+    assert g.mark_exercise("MyPositionalEncoding", own, verbose=False).score == 0
+    gamed = _cell(GIVEN_INIT.format(forward="return tx.PositionalEncoding.forward(self, x)"),
+                  "forward delegates")["MyPositionalEncoding"]
+    mark = g.mark_exercise("MyPositionalEncoding", gamed, verbose=False, methods=["forward"])
+    assert mark.score == 0 and "forward" in mark.delegated, mark.lines

@@ -259,6 +259,9 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 options = "" if by_name else f", check=_grading.{check}"
                 options += "".join(f", {k}={v!r}" for k, v in check_options(
                     all_code, name).items())
+                methods = sorted({i["name"].split(".", 1)[1] for i in items if "." in i["name"]})
+                if methods:  # the class's other methods are given code, not the exercise
+                    options += f", methods={methods!r}"
                 source = TEST_CELL.format(
                     points=points, s="" if points == 1 else "s", name=name, options=options,
                     items=", ".join(f"{i['number']}. {i['name']}" for i in items))

@@ -113,6 +113,10 @@ def prepare(path: Path, prediction_points: float):
     points = {name: max(1, len(items)) for name, items in exercises.items()}
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     options = {name: check_options(code, name) for name in exercises}
+    for name, items in exercises.items():  # a class's exercised methods: the rest is given
+        methods = sorted({i["name"].split(".", 1)[1] for i in items if "." in i["name"]})
+        if methods:
+            options[name] = dict(options[name], methods=methods)
     declared = [p["label"] for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
         names=names, mark=MARK, points=points, options=options,
