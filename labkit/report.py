@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 import traceback
 from dataclasses import dataclass, field
@@ -154,6 +155,10 @@ def _from_learner(exc: BaseException) -> bool:
     return False
 
 
+# "'float' object has no attribute 'item'": a value of the wrong type, not a missing layer
+_BUILTIN_ATTR = re.compile(r"'(float|int|bool|str|list|tuple|dict|NoneType)' object has no attr")
+
+
 def _explain(report: _Report, what: str, exc: BaseException, shape_hint: str = "") -> None:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     where = _learner_frame(exc)
@@ -165,8 +170,8 @@ def _explain(report: _Report, what: str, exc: BaseException, shape_hint: str = "
         report.mistake("missing_contiguous")
     elif "device" in low and ("expected" in low or "same" in low):
         report.mistake("device_mismatch", msg)
-    elif isinstance(exc, AttributeError):
-        report.mistake("attribute_error", msg)
+    elif isinstance(exc, AttributeError) and not _BUILTIN_ATTR.match(msg):
+        report.mistake("attribute_error", msg)  # a layer missing; a number's .item() is not that
     elif isinstance(exc, TypeError) and ("argument" in low or "positional" in low):
         report.mistake("signature", msg)
     elif any(s in low for s in ("size of tensor", "shape", "size mismatch", "cannot be multiplied",

@@ -256,3 +256,15 @@ def test_right_call_order_is_a_passing_probe(fn):
     result = g.check_train_step(step, verbose=False)
     assert not result.passed, result.report
     assert "✓ the step's calls, in order: " in result.report, result.report
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_item_on_a_float_is_not_called_a_missing_layer():
+    """`.item()` on a norm already made a float raises AttributeError: the report must not tell
+    the learner to create a layer in the constructor (notebook 08's stub now returns float())."""
+    def step(*args, **kwargs):
+        out = step_manual_clip(*args, **kwargs)
+        return {"loss": out["loss"], "grad_norm": out["grad_norm"].item()}
+    result = g.check_train_step(step, verbose=False)
+    assert not result.passed and "attribute_error" not in result.mistakes, result.report
+    assert "exception" in result.mistakes, result.report
