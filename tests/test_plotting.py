@@ -102,6 +102,7 @@ def test_plot_transformer_diagram_names_modules_and_notebooks():
                              ("feed_forward: FeedForward", "[04]"), ("generator", "[07]")]:
         assert module in text and notebook in text
     assert "(N, L_src, d_model)" in text and "(N, L_tgt, tgt_vocab)" in text  # symbolic by default
+    assert text.count("not in the 2017 paper") == 2  # tx's final norms are not drawn as the paper's
     plt.close(fig)
 
 

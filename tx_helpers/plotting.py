@@ -283,7 +283,7 @@ def plot_transformer_diagram(trace=None, ax=None):
         ("Add & norm1  [04]", "norm"),
         ("feed_forward: FeedForward  [04]", "ffn"),
         ("Add & norm2  [04]", "norm"),
-        ("encoder.norm (final LayerNorm)  [06]", "norm"),
+        ("encoder.norm: final LayerNorm  [06]\n(tx only: not in the 2017 paper)", "norm"),
     ], 1.4, (2, 5), "encoder.layers: n_layers × EncoderLayer  [06]")
     dec = column(xd, -1, [
         ("decoder.embedding × √d_model  [06]", "emb"),
@@ -296,7 +296,7 @@ def plot_transformer_diagram(trace=None, ax=None):
         ("Add & norm2  [04]", "norm"),
         ("feed_forward: FeedForward  [04]", "ffn"),
         ("Add & norm3  [04]", "norm"),
-        ("decoder.norm (final LayerNorm)  [06]", "norm"),
+        ("decoder.norm: final LayerNorm  [06]\n(tx only: not in the 2017 paper)", "norm"),
         ("generator: Linear(d_model, tgt_vocab)  [07]", "gen"),
         ("softmax: next-token probabilities  [08, 09]", "out"),
     ], 1.4, (2, 7), "decoder.layers: n_layers × DecoderLayer  [06]")
