@@ -37,6 +37,8 @@ MISTAKES.update({
 
 def _normalise(value):
     """Shapes and sequences as tuples of plain Python values; tensors of one element as numbers."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # arrays and scalars
+        value = value.tolist()
     if isinstance(value, torch.Size):
         return tuple(value)
     if isinstance(value, torch.Tensor) and value.numel() == 1:

@@ -103,3 +103,12 @@ def test_an_unsealed_kernel_scores_and_reveals(capsys, monkeypatch):
     assert labkit.sealed_score(0.25) == 0.25
     labkit.check_prediction("d_k", 64, 64)
     assert "it is 64" in capsys.readouterr().out
+
+
+def test_numpy_values_are_read_as_plain_numbers_and_lists():
+    import numpy as np
+
+    assert labkit.check_prediction("positions", np.array([0, 2]), (0, 2), verbose=False).passed
+    assert labkit.check_prediction("mean", np.float64(0.5), 0.5, tol=0.01, verbose=False).passed
+    assert not labkit.check_prediction("positions", [0, 1], np.array([0, 2]),
+                                       verbose=False).passed
