@@ -32,6 +32,10 @@ MISTAKES.update({
     "dist_plain_sum": ("the loss is a plain sum over the rank's tokens",
                        "a plain sum grows with the batch: the loss must be normalised by the "
                        "global token count"),
+    "dist_label_smoothing": ("the loss uses label smoothing",
+                             "this lab's loss is plain cross-entropy, without label smoothing "
+                             "(unlike section 1's criterion): the check compares with that; your "
+                             "scaling by the counts is the part to keep"),
     "dist_wrong_value": ("the rank's loss does not have the value that makes the ranks' "
                          "averaged gradient the global token mean's",
                          "compare your rank's value with the per-rank share of the global mean, "
@@ -89,6 +93,28 @@ _LOSS_VARIANTS = {
 }
 
 
+def _uniform_target(logits, target, pad_idx, global_tokens, world_size):
+    """The right scaling of the cross-entropy against a uniform target (label smoothing 1)."""
+    logp = F.log_softmax(logits, dim=-1)  # (N, L, V)
+    return -(logp.mean(-1) * (target != pad_idx)).sum() * world_size / global_tokens
+
+
+def _smoothed(got, shares, weight, world, total) -> bool:
+    """Whether the values are the right per-rank share of a label-smoothed token mean.
+
+    Label smoothing eps makes the loss (1 - eps) * plain + eps * uniform-target, linear in eps:
+    solve eps on rank 0, then test it on every rank."""
+    with torch.enable_grad():
+        plain, _ = _grads(_reference, shares, weight, world, total)
+        uniform, _ = _grads(_uniform_target, shares, weight, world, total)
+    if abs(uniform[0] - plain[0]) < 1e-6:
+        return False
+    eps = (got[0] - plain[0]) / (uniform[0] - plain[0])
+    return 1e-3 < eps < 1 and all(
+        math.isclose(g, a + eps * (b - a), rel_tol=1e-4, abs_tol=1e-6)
+        for g, a, b in zip(got, plain, uniform, strict=True))
+
+
 def check_token_mean_loss(fn, *, verbose: bool = True) -> CheckResult:
     """Check ``fn(logits, target, pad_idx, global_tokens, world_size) -> loss``, one rank's loss.
 
@@ -137,7 +163,8 @@ def check_token_mean_loss(fn, *, verbose: bool = True) -> CheckResult:
                     report.mistake(key)
                     break
             else:
-                report.mistake("dist_wrong_value")
+                smoothed = _smoothed(got, shares, weight, world, total)
+                report.mistake("dist_label_smoothing" if smoothed else "dist_wrong_value")
             return  # one diagnosis is enough
 
     return _run_check("check_token_mean_loss", body, verbose, fn)

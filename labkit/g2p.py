@@ -32,6 +32,10 @@ MISTAKES.update({
         "much as a long one",
         "sum the errors over all words and the reference lengths over all words, then divide "
         "once"),
+    "per_tie_not_first": (
+        "two pronunciations are equally close, and the length counted is not the first listed "
+        "one's",
+        "the contract: on a tie, the first listed of the closest pronunciations counts"),
     "per_word_error_rate": (
         "this is the word error rate (share of words with any error), not the phone error rate",
         "count edits (insertions, deletions, substitutions), not wrong words"),
@@ -54,6 +58,9 @@ _CASES = [
     ("a short word with many errors and a long one with few",
      [["B", "IY"], ["S", "AY", "K", "AA", "L", "AH", "JH", "IY", "Z"]],
      [[["AE", "B"]], [["S", "AY", "K", "AA", "L", "AH", "JH", "IY"]]]),
+    ("two pronunciations equally close, of different lengths (a tie: the first listed counts)",
+     [["K", "AE", "T"], ["D", "AO", "G"]],
+     [[["K", "AE", "T", "S"], ["K", "AE"]], [["D", "AO", "G"]]]),
 ]
 
 
@@ -70,6 +77,8 @@ def _variants(predictions, references) -> dict[str, float]:
         "per_mean_of_word_rates": sum(e / len(c) for e, c in zip(errors, closest, strict=True))
         / len(closest),
         "per_word_error_rate": sum(p not in r for p, r in pairs) / len(references),
+        "per_tie_not_first": sum(errors) / sum(  # among the closest, the last listed
+            len(min(reversed(r), key=lambda ref: edit_distance(p, ref))) for p, r in pairs),
     }
 
 

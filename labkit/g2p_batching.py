@@ -68,6 +68,11 @@ MISTAKES.update({
     "g2p_batch_order_sorted": (
         "the batches come out in order of word length",
         "after cutting the batches, shuffle their order as well"),
+    "g2p_batch_ignores_bucket": (
+        "the bucket argument does not set how far the grouping by length reaches: bucket=1 "
+        "should give about the padding of random batches, and the padding should fall as bucket "
+        "grows",
+        "group by length only within each run of bucket * batch_size shuffled pairs"),
     "g2p_batch_mutates_pairs": (
         "the caller's list of pairs was reordered in place",
         "shuffle a copy: the caller's training pairs must keep their order"),
@@ -142,6 +147,12 @@ def _epoch(report, fn, pairs, batch_size, seed, bucket) -> list:
     return _call(report, f"iterating over {what}", list, out)
 
 
+def _padding(batches) -> float:
+    """The share of padded letter slots in these batches."""
+    return sum((b[0] == LETTER_VOCAB.pad_idx).sum().item() for b in batches) / max(
+        sum(b[0].numel() for b in batches), 1)
+
+
 def _same(a, b) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for p, q in zip(a, b, strict=True)
                                     for x, y in zip(p, q, strict=True))
@@ -184,8 +195,7 @@ def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
             shifted = any(b[1].shape == b[2].shape and torch.equal(b[1], b[2]) for b in batches)
             report.mistake("g2p_batch_unshifted" if shifted else "g2p_batch_wrong_tensors")
             return
-        padding = sum((b[0] == LETTER_VOCAB.pad_idx).sum().item() for b in batches) / sum(
-            b[0].numel() for b in batches)
+        padding = _padding(batches)
         rng = random.Random(0)
         shuffled = rng.sample(pairs, len(pairs))
         random_batches = [make_g2p_batch(shuffled[i:i + batch_size])[0]
@@ -199,6 +209,14 @@ def check_g2p_batches(fn, *, verbose: bool = True) -> CheckResult:
         if not report.probe(max(spans) >= bucket * batch_size,
                             "a batch's pairs come from all over the input list"):
             report.mistake("g2p_batch_no_shuffle")
+        by_bucket = {b: _padding(_epoch(report, fn, list(pairs), batch_size, 0, b))
+                     for b in (1, 2, len(pairs) // batch_size)}  # the last: the whole list
+        spread = " -> ".join(f"{b}: {v:.0%}" for b, v in by_bucket.items())
+        one, two, whole = by_bucket.values()
+        if not report.probe(one > 0.7 * baseline and one > two > whole,
+                            f"bucket sets the reach of the grouping: padding for bucket {spread}"
+                            f" (bucket=1 about random batches' {baseline:.0%}, then falling)"):
+            report.mistake("g2p_batch_ignores_bucket")
         rising = []
         for seed in (0, 1, 2):
             epoch = batches if seed == 0 else _epoch(report, fn, list(pairs), batch_size, seed,

@@ -30,8 +30,20 @@ def batches_by_length(pairs, batch_size, *, seed=0, bucket=16):
         yield g2p.make_g2p_batch(group)
 
 
+def chunked_indices(pairs, batch_size, *, seed=0, bucket=16):
+    """Also correct: shuffled indices, each run of bucket * batch_size sorted by (length, word)."""
+    rng = random.Random(seed * 7 + 1)
+    idx = rng.sample(range(len(pairs)), len(pairs))
+    idx, span, out = idx[:len(idx) // batch_size * batch_size], bucket * batch_size, []
+    for c in range(0, len(idx), span):
+        chunk = sorted(idx[c:c + span], key=lambda i: (len(pairs[i][0]), pairs[i][0]))
+        out.extend(chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size))
+    rng.shuffle(out)
+    return [g2p.make_g2p_batch([pairs[i] for i in b]) for b in out]
+
+
 def globally_sorted(pairs, batch_size, *, seed=0, bucket=16):
-    """Also correct: one sort of all pairs (after a shuffle for ties), batches in shuffled order."""
+    """Ignores bucket: one sort of all pairs (after a shuffle for ties), batches shuffled."""
     rng = random.Random(seed)
     order = sorted(rng.sample(list(pairs), len(pairs)), key=lambda p: len(p[0]))
     groups = [order[i:i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
@@ -94,7 +106,11 @@ def repeats(pairs, batch_size, *, seed=0, bucket=16):
     return out[:-1] + [out[0]]
 
 
-@pytest.mark.parametrize("fn", [batches_by_length, globally_sorted])
+def fixed_bucket(pairs, batch_size, *, seed=0, bucket=16):
+    return list(batches_by_length(pairs, batch_size, seed=seed, bucket=8))
+
+
+@pytest.mark.parametrize("fn", [batches_by_length, chunked_indices])
 def test_correct_batching_passes(fn):
     result = labkit.check_g2p_batches(fn, verbose=False)
     assert result.passed, result.report
@@ -110,6 +126,8 @@ def test_correct_batching_passes(fn):
     (global_random, "g2p_batch_not_reproducible"),
     (seed_ignored, "g2p_batch_ignores_seed"),
     (repeats, "g2p_batch_repeats_pairs"),
+    (globally_sorted, "g2p_batch_ignores_bucket"),
+    (fixed_bucket, "g2p_batch_ignores_bucket"),
 ])
 def test_each_batching_mistake_is_named(fn, key):
     result = labkit.check_g2p_batches(fn, verbose=False)

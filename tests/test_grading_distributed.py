@@ -47,16 +47,36 @@ def tripled(logits, target, pad_idx, global_tokens, world_size):
     return token_mean_loss(logits, target, pad_idx, global_tokens, world_size) * 3
 
 
+def smoothed(logits, target, pad_idx, global_tokens, world_size):
+    # section 1's criterion (label smoothing 0.1) with the right scaling: not this lab's loss
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx,
+                           reduction="sum", label_smoothing=0.1) * world_size / global_tokens
+
+
+def smoothed_heavily(logits, target, pad_idx, global_tokens, world_size):
+    return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=pad_idx,
+                           reduction="sum", label_smoothing=0.4) * world_size / global_tokens
+
+
+def gathered(logits, target, pad_idx, global_tokens, world_size):
+    # a second correct form: gather the log-probabilities of the targets, mask the pads by hand
+    logp = F.log_softmax(logits, dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N, L)
+    return -(logp * (target != pad_idx)).sum() / (global_tokens / world_size)
+
+
 def test_the_right_loss_passes():
     result = quiet(labkit.check_token_mean_loss, token_mean_loss)
     assert result.passed and not result.mistakes, result.report
     assert "2 ranks holding" in result.report and "3 ranks holding" in result.report
+    result = quiet(labkit.check_token_mean_loss, gathered)
+    assert result.passed and not result.mistakes, result.report
 
 
 @pytest.mark.parametrize("fn, key", [
     (per_rank_mean, "dist_per_rank_mean"), (no_world_size, "dist_missing_world_size"),
     (pads_counted, "dist_pads_counted"), (plain_sum, "dist_plain_sum"),
-    (detached, "loss_detached"), (tripled, "dist_wrong_value")])
+    (detached, "loss_detached"), (tripled, "dist_wrong_value"),
+    (smoothed, "dist_label_smoothing"), (smoothed_heavily, "dist_label_smoothing")])
 def test_each_loss_mistake_is_named(fn, key):
     result = quiet(labkit.check_token_mean_loss, fn)
     assert not result.passed and result.mistakes == [key], result.report

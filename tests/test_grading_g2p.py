@@ -30,6 +30,32 @@ def word_error_rate(predictions, references):
     return g2p.word_error_rate(predictions, references)
 
 
+def loop_strict(predictions, references):
+    # a second correct form: a running best, replaced only by a strictly closer pronunciation
+    errors = length = 0
+    for p, refs in zip(predictions, references, strict=True):
+        best = None
+        for r in refs:
+            d = g2p.edit_distance(p, r)
+            if best is None or d < best[0]:
+                best = (d, len(r))
+        errors, length = errors + best[0], length + best[1]
+    return errors / length
+
+
+def loop_ties_last(predictions, references):
+    # the same loop with <=: on a tie the last listed pronunciation's length counts
+    errors = length = 0
+    for p, refs in zip(predictions, references, strict=True):
+        best = None
+        for r in refs:
+            d = g2p.edit_distance(p, r)
+            if best is None or d <= best[0]:
+                best = (d, len(r))
+        errors, length = errors + best[0], length + best[1]
+    return errors / length
+
+
 def stub(predictions, references):
     raise NotImplementedError("return the phone error rate")
 
@@ -37,6 +63,8 @@ def stub(predictions, references):
 def test_the_reference_passes():
     result = labkit.check_phone_error_rate(g2p.phone_error_rate, verbose=False)
     assert result.passed and result.mistakes == []
+    result = labkit.check_phone_error_rate(loop_strict, verbose=False)
+    assert result.passed and result.mistakes == [], result.report
 
 
 @pytest.mark.parametrize("fn, key", [
@@ -44,6 +72,7 @@ def test_the_reference_passes():
     (by_prediction_length, "per_divides_by_prediction"),
     (mean_of_word_rates, "per_mean_of_word_rates"),
     (word_error_rate, "per_word_error_rate"),
+    (loop_ties_last, "per_tie_not_first"),
     (stub, "not_implemented"),
     (lambda p, r: "0.1", "per_not_a_number"),
 ])
