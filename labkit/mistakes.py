@@ -148,6 +148,13 @@ MISTAKES: dict[str, tuple[str, str]] = {
                           "a mask broadcasts from its last axis backwards: a 2-D mask already "
                           "fits every sentence and head, only a mask with a batch axis lacks "
                           "the head axis"),
+    "attn_weights_not_stored": ("forward does not keep its attention weights in "
+                                "self.attn_weights",
+                                "keep the (N, H, L_q, L_k) weights of each call in "
+                                "self.attn_weights, detached, for plotting"),
+    "attn_weights_wrong": ("self.attn_weights is not the last call's (N, H, L_q, L_k) weights",
+                           "keep the weights of every head, as the softmax returned them, "
+                           "after each call"),
     # found by the localising probes (labkit/localize.py)
     "attention_values_wrong": ("the output is not the attention weights applied to v",
                                "the output is the weighted mix of the values, with the softmax "

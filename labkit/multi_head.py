@@ -79,7 +79,8 @@ def _reference_mha(d_model, n_heads, seed=3):
 
 def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool = False,
                                train_mode: bool = False,
-                               lookahead_mask: bool = False) -> CheckResult:
+                               lookahead_mask: bool = False,
+                               stored_weights: bool = False) -> CheckResult:
     """Check ``cls(d_model, n_heads, dropout)`` with w_q, w_k, w_v, w_o and
     ``forward(query, key, value, mask=None)`` (mask bool, True = masked).
 
@@ -99,6 +100,10 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
     ``lookahead_mask=True`` (03's lab, whose contract lists it) also probes a 2-D
     ``(L_q, L_k)`` mask, the look-ahead mask shared by every sentence and head; a forward that
     gives it a head axis at dim 1, as a 3-D mask needs, lines its query axis up with the heads.
+
+    ``stored_weights=True`` (03's lab, whose contract asks for it) also probes that after an
+    eval-mode cross-attention call ``module.attn_weights`` holds the weights
+    ``(N, H, L_q, L_k)`` of that call (each row sums to 1; 05 and later plot them).
     """
     d_model, n_heads = 32, 4
     names = ("w_q", "w_k", "w_v", "w_o")
@@ -216,10 +221,35 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
             _compare(report, f"with a look-ahead mask (L, L) = {(l_q, l_q)}, shared by every "
                      "sentence and head, matches the reference", out_la, ref(x, x, x, causal),
                      _mha_axes(True), variants(x, x, x, causal))
+        if stored_weights:
+            _stored_weights_probe(report, module, ref, x, mem, mem_v)
         if train_mode and not report.found and all(ok for ok, _ in report.probes):
             _train_mode_probe(report, module, ref, x, mem, mem_v)
 
     return _run_check("check_multi_head_attention", body, verbose, cls)
+
+
+def _stored_weights_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
+    """Eval mode, cross-attention: ``module.attn_weights`` is that call's (N, H, L_q, L_k)."""
+    want = (x.size(0), ref.n_heads, x.size(1), mem.size(1))
+    text = f"self.attn_weights holds the last call's weights {want}, each row summing to 1"
+    was_training = module.training
+    try:
+        module.eval()
+        with torch.no_grad():
+            module(x.clone(), mem.clone(), mem_v.clone())
+            ref(x, mem, mem_v)
+    except Exception:  # noqa: BLE001 - the main probes already reported errors
+        return
+    finally:
+        module.train(was_training)
+    got = getattr(module, "attn_weights", None)
+    if not isinstance(got, torch.Tensor):
+        report.probe(False, f"{text} (it is {type(got).__name__})")
+        report.mistake("attn_weights_not_stored")
+    elif not report.probe(tuple(got.shape) == want and _close(got, ref.attn_weights), text):
+        report.mistake("attn_weights_wrong", f"it has shape {tuple(got.shape)}"
+                       if tuple(got.shape) != want else "it differs from this call's weights")
 
 
 def _as_dropped(w: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
-from .positional_probes import _precision_probes, _start_probes, _train_mode_probe
+from .positional_probes import _loop_probe, _precision_probes, _start_probes, _train_mode_probe
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 
@@ -192,6 +192,7 @@ def _describe_columns(report: _Report, table: torch.Tensor, d_model: int,
 
 def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                               computed_in_float64: bool = False,
+                              no_loops: bool = False,
                               forward_start: bool = False,
                               train_mode: bool = False,
                               verbose: bool = True) -> CheckResult:
@@ -212,6 +213,9 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
     default float32 within 1e-6 of the float64 table rounded once, and ``dtype=torch.float64``
     giving a float64 table within 1e-9. Angles computed in float32 are off by 1e-6 to 1e-4
     at the far positions, so they fail both.
+
+    ``no_loops=True`` (the same exercise, whose contract asks for tensor operations) also
+    reads the function's own source: a ``for`` or ``while`` loop or a comprehension fails.
 
     ``forward_start=True`` (notebook 02's second exercise, a class) also probes
     ``forward(x, start)``: rows ``start .. start + L - 1`` are added, and positions past
@@ -240,6 +244,8 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                 _odd_probe(report, lambda d: fn_or_cls(20, d), odd_d_model)
                 if computed_in_float64:
                     _precision_probes(report, fn_or_cls)
+                if no_loops:
+                    _loop_probe(report, fn_or_cls)
             return
         roles = ("d_model", "max_len", "dropout")
         module = _instantiate(report, fn_or_cls, (d_model, max_len, 0.1),

@@ -1,10 +1,13 @@
 """Probes of check_positional_encoding beyond the table's values: a ``forward(x, start)``
 that offsets into the table and refuses a sequence past ``max_len`` (notebook 02's second
 exercise), dropout in train mode (the same exercise: once, on x + pe), and a table computed in
-float64 (a 512 x 128 table in float32 and float64)."""
+float64 (a 512 x 128 table in float32 and float64), and a table built without Python loops."""
 from __future__ import annotations
 
+import ast
+import inspect
 import re
+import textwrap
 
 import torch
 from torch import nn
@@ -91,6 +94,27 @@ def _precision_probes(report: _Report, fn) -> None:
                            f"{tol:.0e}")
         else:
             report.mistake("mismatch", f"{call} differs from the table by up to {err:.3g}")
+
+
+_LOOPS = {ast.For: "a for loop", ast.While: "a while loop", ast.ListComp: "a comprehension",
+          ast.GeneratorExp: "a comprehension", ast.SetComp: "a comprehension",
+          ast.DictComp: "a comprehension"}
+
+
+def _loop_probe(report: _Report, fn) -> None:
+    """The function's own source (IPython keeps cell sources) holds no Python loop."""
+    target = getattr(fn, "func", fn)  # a functools.partial
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        report.note("the function's source could not be read, so 'no Python loops' was not "
+                    "checked")
+        return
+    found = sorted({(node.lineno, kind) for node in ast.walk(tree)
+                    for cls, kind in _LOOPS.items() if isinstance(node, cls)})
+    text = "the table is built with tensor operations, without a Python loop"
+    if not report.probe(not found, text):
+        report.mistake("pe_python_loop", f"{found[0][1]} on line {found[0][0]} of the function")
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:

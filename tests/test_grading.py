@@ -555,6 +555,49 @@ def test_pe_computed_in_float64_on_request():
                       "pe_dtype_ignored", "dtype argument")
 
 
+def pe_interleaved(max_len, d_model, dtype=torch.float32):
+    """Correct and vectorised, unlike the reference: power form, (sin, cos) stacked, then
+    interleaved and cut to d_model (an odd d_model drops the last cosine)."""
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    omega = 1.0 / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pairs = torch.stack([torch.sin(pos * omega), torch.cos(pos * omega)], dim=-1)
+    return pairs.reshape(max_len, -1)[:, :d_model].to(dtype)
+
+
+def pe_loops_float64(max_len, d_model, dtype=torch.float32):
+    """Right numbers, but section 2's loops (in float64, odd d_model handled)."""
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    for pos in range(max_len):
+        for j in range(d_model):
+            angle = pos / 10000.0 ** ((j - j % 2) / d_model)
+            pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return pe.to(dtype)
+
+
+def pe_stepped_slices(max_len, d_model, dtype=torch.float32):
+    """Correct and vectorised, as notebook 02's answer: exp form, stepped slices."""
+    angles = (torch.arange(max_len, dtype=torch.float64)[:, None]
+              * torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64)
+                          * (-math.log(10000.0) / d_model)))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe.to(dtype)
+
+
+def test_pe_no_loops_on_request():
+    for impl in (pe_interleaved, pe_stepped_slices):
+        result = quiet(g.check_positional_encoding, impl, odd_d_model=True,
+                       computed_in_float64=True, no_loops=True)
+        assert result.passed and "without a Python loop" in result.report, result.report
+    assert quiet(g.check_positional_encoding, pe_loops_float64, odd_d_model=True,
+                 computed_in_float64=True).passed  # default: not probed
+    assert_fails_with(quiet(g.check_positional_encoding, pe_loops_float64, odd_d_model=True,
+                            computed_in_float64=True, no_loops=True), "pe_python_loop", "for loop")
+    assert_fails_with(quiet(g.check_positional_encoding, pe_numpy_columns, no_loops=True),
+                      "pe_python_loop", "comprehension")
+
+
 class PEStartByIndex(nn.Module):
     """Correct forward(x, start), written unlike tx: index_select on an arange, a range test."""
 

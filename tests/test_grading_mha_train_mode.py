@@ -171,3 +171,70 @@ def test_lookahead_mask_mistakes_are_named():
     result = quiet(IgnoresTwoDMask, lookahead_mask=True)
     assert not result.passed and "mask_ignored" in result.mistakes, result.report
     assert quiet(IgnoresTwoDMask).passed  # off by default: other notebooks' checks unchanged
+
+
+# stored_weights=True: 03's contract keeps the (N, H, L_q, L_k) weights in self.attn_weights
+
+class BaseStoring(HeadsThird):
+    """Correct, unlike tx: weights computed as (N, L_q, H, L_k), stored permuted."""
+
+    def forward(self, query, key, value, mask=None):
+        w = torch.softmax(self.scores(query, key, mask), dim=-1)  # (N, L_q, H, L_k)
+        self.attn_weights = w.permute(0, 2, 1, 3).detach()  # (N, H, L_q, L_k)
+        return self.mix(self.drop(w), value)
+
+
+class LoopStoring(LoopOverHeads):
+    """Correct: one call per head, the weights stacked on a head axis (grad kept, no detach)."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.w_q(query), self.w_k(key), self.w_v(value)
+        outs, weights = [], []
+        for i in range(self.h):
+            cols = slice(i * self.d_k, (i + 1) * self.d_k)
+            s = q[..., cols] @ k[..., cols].transpose(1, 2) / math.sqrt(self.d_k)  # (N, L_q, L_k)
+            if mask is not None:
+                s = s.masked_fill(mask, torch.finfo(s.dtype).min)
+            weights.append(torch.softmax(s, dim=-1))
+            outs.append(self.dropout(weights[-1]) @ v[..., cols])
+        self.attn_weights = torch.stack(weights, dim=1)  # (N, H, L_q, L_k)
+        return self.w_o(torch.cat(outs, dim=-1))
+
+
+class FusedNoWeights(tx.MultiHeadAttention):
+    """The likely mistake: F.scaled_dot_product_attention returns no weights to keep."""
+
+    def forward(self, query, key, value, mask=None, cache=None):
+        self.attn_weights = None
+        n, l_q, _ = query.shape
+        split = lambda t: t.view(n, t.size(1), self.n_heads, self.d_k).transpose(1, 2)  # noqa: E731
+        attn_mask = None
+        if mask is not None:
+            attn_mask = ~(mask.unsqueeze(1) if mask.dim() == 3 else mask)
+        ctx = F.scaled_dot_product_attention(split(self.w_q(query)), split(self.w_k(key)),
+                                             split(self.w_v(value)), attn_mask=attn_mask)
+        return self.w_o(ctx.transpose(1, 2).reshape(n, l_q, -1))
+
+
+class WeightsAveraged(BaseStoring):
+    """A mistake: the weights averaged over the heads, (N, L_q, L_k)."""
+
+    def forward(self, query, key, value, mask=None):
+        out = super().forward(query, key, value, mask)
+        self.attn_weights = self.attn_weights.mean(dim=1)
+        return out
+
+
+@pytest.mark.parametrize("cls", [tx.MultiHeadAttention, BaseStoring, LoopStoring])
+def test_stored_weights_pass_correct_layers(cls):
+    result = quiet(cls, train_mode=True, lookahead_mask=True, stored_weights=True)
+    assert result.passed and "self.attn_weights holds" in result.report, result.report
+
+
+@pytest.mark.parametrize("cls, key", [(Base, "attn_weights_not_stored"),
+                                      (FusedNoWeights, "attn_weights_not_stored"),
+                                      (WeightsAveraged, "attn_weights_wrong")])
+def test_stored_weights_mistakes_are_named(cls, key):
+    result = quiet(cls, stored_weights=True)
+    assert not result.passed and key in result.mistakes, result.report
+    assert quiet(cls).passed  # off by default: other notebooks' checks unchanged
