@@ -142,6 +142,25 @@ def test_a_correct_init_passes(fn):
     assert result.passed, result.report
 
 
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_stated_contract_passes_at_its_edges(factor):
+    # notebook 10's stub: a std within a factor of 2 of d_model^-0.5 meets the contract
+    def scaled(model):
+        for emb in (model.encoder.embedding, model.decoder.embedding):
+            torch.nn.init.normal_(emb.weight, std=factor * emb.embedding_dim ** -0.5)
+
+    result = labkit.check_init_embeddings(scaled, verbose=False)
+    assert result.passed, result.report
+
+
+def test_one_over_d_model_is_outside_the_contract():
+    # shrinks with the width, but far below d_model^-0.5: named, not passed
+    result = labkit.check_init_embeddings(
+        lambda m: [torch.nn.init.normal_(e.weight, std=1 / e.embedding_dim)
+                   for e in (m.encoder.embedding, m.decoder.embedding)], verbose=False)
+    assert not result.passed and "init_embeddings_other" in result.mistakes, result.report
+
+
 def test_each_init_mistake_is_named():
     assert "init_embeddings_unit" in labkit.check_init_embeddings(
         lambda m: None, verbose=False).mistakes
