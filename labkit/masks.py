@@ -113,7 +113,7 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
     ``full_contract=True`` (notebook 05's exercise) also probes the errors of its contract,
     for each function whose masks passed: a ValueError naming ``seq`` for token ids that are
     not 2-D, naming ``size`` for a size of 0 or below, naming ``tgt`` when the batch sizes of
-    ``src`` and ``tgt`` differ.
+    ``src`` and ``tgt`` differ; and the explicit cross-attention shape (N, L_tgt, L_src).
     """
     src = torch.tensor([[5, 0, 7, 9, 1, 1], [4, 8, 1, 1, 1, 1], [3, 2, 6, 0, 9, 4]])
     tgt = torch.tensor([[2, 5, 6, 1], [2, 7, 1, 1], [2, 3, 4, 5]])
@@ -132,7 +132,7 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             _probe_decoder_mask(report, decoder_fn, tgt)
             _probe_decoder_past(report, decoder_fn)
         if cross_fn is not None:
-            _probe_cross_mask(report, cross_fn, src, tgt)
+            _probe_cross_mask(report, cross_fn, src, tgt, explicit=full_contract)
         if full_contract:
             _probe_errors(report, padding_fn, lookahead_fn, cross_fn, src, tgt)
         for name, fn, args in (("padding_fn", padding_fn, (src, 1)),
@@ -308,7 +308,7 @@ def _probe_decoder_past(report, fn):
     _guard(report, probe)
 
 
-def _probe_cross_mask(report, fn, src, tgt):
+def _probe_cross_mask(report, fn, src, tgt, explicit=False):
     def probe():
         pad_idx = 1
         n, l_src = src.shape
@@ -333,8 +333,15 @@ def _probe_cross_mask(report, fn, src, tgt):
         expected = padding_mask(src, pad_idx).expand(full)
         rect = torch.triu(torch.ones(l_tgt, l_src, dtype=torch.bool), 1)
         cands = [("cross_mask_lookahead", expected | rect), ("mask_inverted", ~expected)]
-        if _match_mask(report, f"{what}: hides the padded source positions, broadcasts to "
-                       f"{full}", b, expected, cands) and shape not in ((n, 1, l_src), full):
+        if not _match_mask(report, f"{what}: hides the padded source positions, broadcasts to "
+                           f"{full}", b, expected, cands):
+            return
+        if explicit:  # notebook 05's contract asks for the explicit form
+            if not report.probe(shape == full, f"{what} has the explicit shape (N, L_tgt, L_src)"
+                                f" = {full}" + ("" if shape == full else f" (got {shape})")):
+                report.mistake("wrong_output_shape", f"the mask broadcasts, but the contract "
+                               f"asks for one row per target query: {full}, got {shape}")
+        elif shape not in ((n, 1, l_src), full):
             report.note(f"shape {shape} works; (N, 1, L_src) and (N, L_tgt, L_src) are the "
                         "usual forms")
     _guard(report, probe)

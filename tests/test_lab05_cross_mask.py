@@ -274,3 +274,31 @@ def _square(tgt, pad_idx):
 def test_decoder_past_mistakes_are_named(fn, key):
     result = quiet(decoder_fn=fn)
     assert not result.passed and key in result.mistakes, result.report
+
+
+# Notebook 05's table asks for the explicit (N, L_tgt, L_src) cross mask: with full_contract=True
+# a mask that only broadcasts there (tx's own (N, 1, L_src), or 4-D) fails and says so; the
+# explicit forms, written two ways, pass.
+@pytest.mark.parametrize("fn", [thin_by_view, four_d, lambda s, t, p: labkit_tx_padding(s, p)])
+def test_the_full_contract_asks_for_the_explicit_cross_mask(fn):
+    result = labkit.check_masks(cross_fn=fn, full_contract=True, verbose=False)
+    assert not result.passed and result.mistakes == ["wrong_output_shape"], result.report
+    assert any("explicit shape" in m and "(3, 4, 6)" in m for m in result.messages), result.report
+
+
+def labkit_tx_padding(src, pad_idx):
+    import tx_helpers as tx
+    return tx.padding_mask(src, pad_idx)  # (N, 1, L_src): broadcasts, but is not the explicit form
+
+
+def cross_checked_by_or(src, tgt, pad_idx):
+    if src.size(0) != tgt.size(0):
+        raise ValueError(f"tgt has {tgt.size(0)} sentences, src has {src.size(0)}")
+    return full_by_or(src, tgt, pad_idx)
+
+
+@pytest.mark.parametrize("fn", [cross_checked, cross_checked_by_or])
+def test_explicit_cross_masks_pass_the_full_contract_on_any_device(fn):
+    result = labkit.check_masks(cross_fn=fn, full_contract=True, devices=True, verbose=False)
+    assert result.passed, result.report
+    assert any("builds its mask on the device of its input" in m for m in result.messages)
