@@ -141,8 +141,7 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
     """Beam search from ``src`` (N, L_src): keep the ``beam_size`` best prefixes per row.
 
     Each step extends every live prefix by every token and keeps the top
-    2 * beam_size candidates by summed log-probability (all live prefixes have
-    the same length, so the length penalty cannot reorder them). Candidates
+    2 * beam_size candidates by summed log-probability. Candidates
     ending in EOS that rank in the top beam_size join the row's pool of
     finished hypotheses, scored
     sum / ((5 + length) / 6) ** length_penalty; the best ``beam_size`` others
@@ -162,9 +161,8 @@ def beam_search(model, src, *, bos_idx: int, eos_idx: int, max_len: int, beam_si
 
     With ``use_cache=True`` the decoder sees only the newest token per step;
     after pruning, each layer's cached self-attention keys/values are
-    reordered with the surviving prefixes' parent beam indices. Cross-attention
-    keys/values need no reordering: a row's beams share one source, so they
-    are identical across its beams (the memory is repeated beam_size times).
+    reordered with the surviving prefixes' parent beam indices; the
+    cross-attention keys/values are not reordered.
     """
     pad_idx = _check_decoding_args(model, src, bos_idx, eos_idx, max_len, pad_idx)
     check_positive_int("beam_size", beam_size)

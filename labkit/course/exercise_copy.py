@@ -116,8 +116,9 @@ def note_text(solved_name: str, info: dict, nb) -> str:
         parts.append(f"> **{n} drill question{'s' if n != 1 else ''}, ungraded:** each has an "
                      "empty \"Your answer\" cell under it for your own practice; nobody marks "
                      "it. What is graded here: "
-                     + ("the exercises (through their checks) and " if exercises else "")
-                     + "the predictions.")
+                     + ("the exercises (through their checks), " if exercises else "")
+                     + ("the predictions and the written questions." if info["written"]
+                        else "the predictions."))
     if exercises:
         stop = info.get("run_all_stop")
         if stop:
