@@ -72,7 +72,8 @@ MISTAKES.update({
         "the bucket argument does not set how far the grouping by length reaches: bucket=1 "
         "should give about the padding of random batches, and the padding should fall as bucket "
         "grows",
-        "group by length only within each run of bucket * batch_size shuffled pairs"),
+        "group by length only within each run of shuffled pairs, as many as the bucket "
+        "argument says batches"),
     "g2p_batch_mutates_pairs": (
         "the caller's list of pairs was reordered in place",
         "shuffle a copy: the caller's training pairs must keep their order"),

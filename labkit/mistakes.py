@@ -150,8 +150,8 @@ MISTAKES: dict[str, tuple[str, str]] = {
                           "the head axis"),
     "attn_weights_not_stored": ("forward does not keep its attention weights in "
                                 "self.attn_weights",
-                                "keep the (N, H, L_q, L_k) weights of each call in "
-                                "self.attn_weights, detached, for plotting"),
+                                "keep each call's (N, H, L_q, L_k) weights on the module, as "
+                                "the contract names them, detached, for plotting"),
     "attn_weights_wrong": ("self.attn_weights is not the last call's (N, H, L_q, L_k) weights",
                            "keep the weights of every head, as the softmax returned them, "
                            "after each call"),

@@ -86,9 +86,9 @@ BLOCKS: dict[str, tuple[str, str]] = {
                          "numbers lie far apart: compute the angles in float64 and round the "
                          "finished table once"),
     "pe_python_loop": ("the table is built with a Python loop over positions or columns",
-                       "every entry is a function of one angle, pos * omega_i: build all the "
-                       "angles at once by broadcasting a column of positions against a row of "
-                       "frequencies"),
+                       "every entry is a function of one angle, a position times a "
+                       "frequency: build all the angles at once by broadcasting a column of "
+                       "positions against a row of frequencies"),
     "pe_start_ignored": ("forward(x, start) adds the rows of positions 0 .. L - 1, whatever "
                          "start says",
                          "a sequence that continues from position start holds positions start "

@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from labkit import check_options  # noqa: E402
 from labkit.course import labinfo, markup, regions, scoring  # noqa: E402
-from labkit.course.submission import defined_names  # noqa: E402
+from labkit.course.submission import defined_names, method_scope  # noqa: E402
 
 SCHEMA = 3
 CONFIG = '''\
@@ -257,11 +257,8 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 points = each * len(items)
                 total += points
                 options = "" if by_name else f", check=_grading.{check}"
-                options += "".join(f", {k}={v!r}" for k, v in check_options(
-                    all_code, name).items())
-                methods = sorted({i["name"].split(".", 1)[1] for i in items if "." in i["name"]})
-                if methods:  # the class's other methods are given code, not the exercise
-                    options += f", methods={methods!r}"
+                options += "".join(f", {k}={v!r}" for k, v in dict(
+                    check_options(all_code, name), **method_scope(items)).items())
                 source = TEST_CELL.format(
                     points=points, s="" if points == 1 else "s", name=name, options=options,
                     items=", ".join(f"{i['number']}. {i['name']}" for i in items))

@@ -104,6 +104,13 @@ def written_answers(nb) -> list[tuple[str, str]]:
     return pairs
 
 
+def method_scope(items: list[dict]) -> dict:
+    """``{"methods": [...]}`` for exercises on a class's methods (``"Box.forward"``), else {}:
+    :func:`labkit.mark_exercise` then treats the class's other methods as the lab's given code."""
+    methods = sorted({i["name"].split(".", 1)[1] for i in items if "." in i["name"]})
+    return {"methods": methods} if methods else {}
+
+
 def prepare(path: Path, prediction_points: float):
     """The submission with the collecting cell appended: (notebook, its own cells, exercises)."""
     nb = nbformat.read(path, as_version=4)
@@ -113,10 +120,8 @@ def prepare(path: Path, prediction_points: float):
     points = {name: max(1, len(items)) for name, items in exercises.items()}
     code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
     options = {name: check_options(code, name) for name in exercises}
-    for name, items in exercises.items():  # a class's exercised methods: the rest is given
-        methods = sorted({i["name"].split(".", 1)[1] for i in items if "." in i["name"]})
-        if methods:
-            options[name] = dict(options[name], methods=methods)
+    for name, items in exercises.items():
+        options[name].update(method_scope(items))
     declared = [p["label"] for p in nb.metadata.get("tx_lab", {}).get("predictions", [])]
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT.format(
         names=names, mark=MARK, points=points, options=options,
