@@ -7,7 +7,9 @@ One exercise, one mark::
 
 - **Partial credit**: a failed check earns ``points x probes passed / probes``; the report
   shows every probe, so the teacher sees where the fraction comes from. An untouched stub
-  (``NotImplementedError``) passes no probe and earns 0.
+  (``NotImplementedError``) earns 0, even where the lab's given code (a class's ``__init__``)
+  passes probes before the stub raises; in a class with several exercised methods the
+  written ones keep their share.
 - **Delegation**: an exercise that hands its work to the ``tx_helpers`` reference for the
   same block earns 0, whatever the check says, however the reference is bound (an alias
   import, an assignment, a module, ``getattr``, a wrapper, a subclass, a borrowed method):
@@ -127,16 +129,18 @@ def _choose_check(name: str, obj):
 
 
 def mark_result(exercise: str, result: CheckResult, points: float = 1.0,
-                delegated: str | None = None) -> Mark:
-    """The mark for a check already run (see :func:`mark_exercise`)."""
+                delegated: str | None = None, stub_scores_zero: bool = True) -> Mark:
+    """The mark for a check already run (see :func:`mark_exercise`). ``stub_scores_zero``:
+    a check that met a stub still raising ``NotImplementedError`` earns 0 (False for a class
+    with several exercised methods, where the written ones keep their probes)."""
     ok, total = _probes(result)
     review = "checker_failed" in result.mistakes
     if delegated:
         score = 0.0
     elif result.passed:
         score = float(points)
-    elif review:
-        score = 0.0
+    elif review or (stub_scores_zero and "not_implemented" in result.mistakes):
+        score = 0.0  # a stub still raising earns nothing, whatever its given code passed
     else:
         score = round(points * ok / total, 2) if total else 0.0
     lines = [f"Exercise {exercise}: {score:g}/{points:g} point(s)"
@@ -203,7 +207,8 @@ def mark_exercise(exercise: str, obj, *, points: float = 1.0, check=None, verbos
         result = runner(verbose=False)
     delegated = (find_delegation(learner_obj, check_name, slot, methods)
                  or "; ".join(watch.found))
-    mark = mark_result(exercise, result, points, delegated or None)
+    mark = mark_result(exercise, result, points, delegated or None,
+                       stub_scores_zero=not methods or len(methods) == 1)
     if swapped:
         mark.lines.insert(1, "  Checked with " + ", ".join(f"tx.{n}" for n in swapped)
                           + " in place of your own (marked at its own exercise), so a "

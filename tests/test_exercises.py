@@ -376,6 +376,9 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
     # three exercises: FeedForward, EncoderLayer and the Pre-LN extension
     assert marks == {f"correct_{name}": (3, 3), f"wrong_{name}": (2, 3),
                      f"untouched_{name}": (0, 3)}, rows
+    # the untouched stubs earn nothing, though the given __init__ passes probes before forward
+    untouched = [r for r in rows if r["notebook"] == f"untouched_{name}"]
+    assert sum(float(r["points"]) for r in untouched) == 0, untouched
     wrong_rows = [r for r in rows if r["notebook"] == f"wrong_{name}" and r["passed"] == "False"]
     assert wrong_rows[0]["exercise"] == "2. EncoderLayer.forward"
     assert "missing_residual" in wrong_rows[0]["mistakes"]
