@@ -136,16 +136,18 @@ def note_text(solved_name: str, info: dict, nb) -> str:
 
 
 RECAP_HEAD = "## Recap card"
-RECAP_FOLD = ("<details><summary>Open it after the lab: the formulas, shapes and numbers "
-              "of this notebook (they state what the exercises compute)</summary>")
+RECAP_LEFT_OUT = ("This notebook's recap card states what the exercises compute and the values "
+                  "the predictions ask for, so this copy leaves it out. Read it after the lab: "
+                  "in the solved `{solved}` and in `docs/cheatsheet.md`.")
 
 
-def fold_recap_card(source: str) -> str:
-    """The recap card folded: in a copy it sits below the stubs and states their formulas."""
+def recap_pointer(source: str, solved_name: str) -> str:
+    """The recap card left out: below the stubs it states their formulas and the predictions'
+    numbers (a fold did not stop a learner who opened it first)."""
     head, _, body = source.partition("\n")
     if head.strip() != RECAP_HEAD or not body.strip():
         return source
-    return f"{RECAP_HEAD}\n\n{RECAP_FOLD}\n\n{body.strip()}\n\n</details>"
+    return f"{RECAP_HEAD}\n\n{RECAP_LEFT_OUT.format(solved=solved_name)}"
 
 
 def _clean_code_cell(cell) -> None:
@@ -184,7 +186,7 @@ def make_exercise(nb, solved_name: str):
             source = strip_answers(cell.source)
             if not source.strip():
                 continue  # the cell held only an answer
-            cell.source = fold_recap_card(source)
+            cell.source = recap_pointer(source, solved_name)
         cells.append(cell)
         tags = cell.metadata.get("tags", [])
         if is_written_question(nb.cells[index]) or ANSWER_SPACE_TAG in tags:
