@@ -107,6 +107,9 @@ BLOCKS: dict[str, tuple[str, str]] = {
                            "slicing past the end of a tensor is not an error: compare the last "
                            "position with the table's length before slicing, and say what is "
                            "wrong"),
+    "pe_length_off_by_one": ("a sequence that ends exactly at the table's last row is refused",
+                             "a sequence may end exactly at the table's last row: refuse only "
+                             "positions the table does not have"),
     "pe_length_message": ("the ValueError for positions past max_len does not name the length, "
                           "the start and max_len",
                           "a message a learner can act on gives the numbers that clash, so "

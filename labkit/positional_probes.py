@@ -29,7 +29,21 @@ def _start_probes(report: _Report, module, x, ref, max_len: int) -> None:
             report.mistake("mismatch", f"forward(x, start={start}) differs from "
                            f"x + pe[{start}:{start + length}]")
         return
-    late = max_len - length + 2  # the last two positions do not exist
+    fit = max_len - length  # the last L positions of the table: they all exist
+    try:
+        out = module(x.clone(), start=fit)
+    except Exception as exc:  # noqa: BLE001 - an off-by-one bound refuses the table's end
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        report.probe(False, f"forward(x, start={fit}) with L={length} and max_len={max_len} "
+                     f"uses the table's last rows (it raised {type(exc).__name__}: {first})")
+        report.mistake("pe_length_off_by_one", f"start + L == max_len raised {type(exc).__name__}")
+        return
+    if not report.probe(_close(out, x + ref[fit:fit + length]),
+                        f"forward(x, start={fit}) with L={length} and max_len={max_len} "
+                        f"returns x + pe[{fit}:{max_len}]"):
+        report.mistake("mismatch", f"forward(x, start={fit}) differs from x + pe[{fit}:]")
+        return
+    late = max_len - length + 1  # one position past the table's end
     what = (f"forward(x, start={late}) with L={length} and max_len={max_len} raises a "
             f"ValueError naming L, start and max_len")
     try:

@@ -640,6 +640,24 @@ class PEStartSumOnly(PEStartByIndex):
         return self.drop(x + self.pe[start: start + x.shape[1]])
 
 
+class PEStartRefusesTheEnd(PEStartByIndex):
+    """Off by one: a sequence ending exactly at the table's last row is refused."""
+
+    def forward(self, x, start=0):
+        if start + x.shape[1] >= self.pe.shape[0]:
+            raise ValueError(f"L={x.shape[1]} from start={start}: max_len={self.pe.shape[0]}")
+        return self.drop(x + self.pe[start: start + x.shape[1]])
+
+
+class PEStartOneTooFar(PEStartByIndex):
+    """Off by one the other way: one missing row gets through to the broadcasting error."""
+
+    def forward(self, x, start=0):
+        if start + x.shape[1] > self.pe.shape[0] + 1:
+            raise ValueError(f"L={x.shape[1]} from start={start}: max_len={self.pe.shape[0]}")
+        return self.drop(x + self.pe[start: start + x.shape[1]])
+
+
 def test_pe_forward_start_on_request():
     for cls in (PEStartByIndex, tx.PositionalEncoding):
         assert quiet(g.check_positional_encoding, cls, forward_start=True).passed
@@ -651,7 +669,11 @@ def test_pe_forward_start_on_request():
     assert_fails_with(quiet(g.check_positional_encoding, PEStartVagueMessage,
                             forward_start=True), "pe_length_message", "sequence too long")
     assert_fails_with(quiet(g.check_positional_encoding, PEStartSumOnly, forward_start=True),
-                      "pe_length_message", "length 52")
+                      "pe_length_message", "length 51")
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartRefusesTheEnd,
+                            forward_start=True), "pe_length_off_by_one", "start + L == max_len")
+    assert_fails_with(quiet(g.check_positional_encoding, PEStartOneTooFar, forward_start=True),
+                      "pe_no_length_check", "broadcasting")
 
 
 class PEDropoutFunctional(PEStartByIndex):
