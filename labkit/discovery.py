@@ -39,6 +39,26 @@ _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
     ("ffn", check_feed_forward),
     ("positional", check_positional_encoding),
 )
+_FUNCTION_RULES = (  # (substrings of the lower-case name without "_", "a+b": both; check),
+    # the first rule that matches wins
+    (("positional", "sinusoid"), check_positional_encoding),
+    (("repair+weights",), check_repaired_weights),
+    (("leakmap",), check_leak_map),
+    (("tokenmean",), check_token_mean_loss),
+    (("ampstep",), check_amp_step),
+    (("phoneerror",), check_phone_error_rate),
+    (("attention",), check_attention),
+    (("trainstep",), check_train_step),
+    (("smooth",), check_label_smoothing),
+    (("beam",), check_beam_search),
+    (("greedy",), check_greedy_decode),
+    (("bucket",), check_g2p_batches),
+    (("shortrun",), check_g2p_training),
+    (("shifttarget",), check_shift_targets),
+    (("initembedding",), check_init_embeddings),
+    (("parametercount",), check_parameter_counts),
+    (("quiz",), check_shape_quiz),
+)
 _MASK_RULES = (  # function name substrings -> check_masks keyword
     ("cross", "cross_fn"),
     ("decoder", "decoder_fn"),
@@ -94,47 +114,12 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
                 kw = next((k for sub, k in _MASK_RULES if sub in key), None)
                 if kw is not None and kw not in masks:
                     masks[kw] = obj
-            elif "positional" in key or "sinusoid" in key:
-                found.append((f"check_positional_encoding({name})",
-                              _bind(check_positional_encoding, obj)))
-            elif "repair" in key and "weights" in key:
-                found.append((f"check_repaired_weights({name})",
-                              _bind(check_repaired_weights, obj)))
-            elif "leakmap" in key:
-                found.append((f"check_leak_map({name})", _bind(check_leak_map, obj)))
-            elif "tokenmean" in key:
-                found.append((f"check_token_mean_loss({name})",
-                              _bind(check_token_mean_loss, obj)))
-            elif "ampstep" in key:
-                found.append((f"check_amp_step({name})", _bind(check_amp_step, obj)))
-            elif "phoneerror" in key:
-                found.append((f"check_phone_error_rate({name})",
-                              _bind(check_phone_error_rate, obj)))
-            elif "attention" in key:
-                found.append((f"check_attention({name})", _bind(check_attention, obj)))
-            elif "trainstep" in key:
-                found.append((f"check_train_step({name})", _bind(check_train_step, obj)))
-            elif "smooth" in key:
-                found.append((f"check_label_smoothing({name})",
-                              _bind(check_label_smoothing, obj)))
-            elif "beam" in key:
-                found.append((f"check_beam_search({name})", _bind(check_beam_search, obj)))
-            elif "greedy" in key:
-                found.append((f"check_greedy_decode({name})", _bind(check_greedy_decode, obj)))
-            elif "bucket" in key:
-                found.append((f"check_g2p_batches({name})", _bind(check_g2p_batches, obj)))
-            elif "shortrun" in key:
-                found.append((f"check_g2p_training({name})", _bind(check_g2p_training, obj)))
-            elif "shifttarget" in key:
-                found.append((f"check_shift_targets({name})", _bind(check_shift_targets, obj)))
-            elif "initembedding" in key:
-                found.append((f"check_init_embeddings({name})",
-                              _bind(check_init_embeddings, obj)))
-            elif "parametercount" in key:
-                found.append((f"check_parameter_counts({name})",
-                              _bind(check_parameter_counts, obj)))
-            elif "quiz" in key:
-                found.append((f"check_shape_quiz({name})", _bind(check_shape_quiz, obj)))
+            else:
+                check = next((c for subs, c in _FUNCTION_RULES
+                              if any(all(part in key for part in sub.split("+"))
+                                     for sub in subs)), None)
+                if check is not None:
+                    found.append((f"{check.__name__}({name})", _bind(check, obj)))
     if masks:
         label = ", ".join(f"{k}={getattr(v, '__name__', k)}" for k, v in masks.items())
 
