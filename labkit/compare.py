@@ -208,3 +208,51 @@ def _deterministic(report: _Report, run, first: torch.Tensor) -> None:
     raise _Failed
 
 
+def dropout_stand_in(t: torch.Tensor) -> torch.Tensor:
+    """What a train-mode probe's dropout returns instead of a random mask: elementwise (the
+    same whatever the learner's layout), smooth and nonlinear (dropout(a + b), dropout(a) + b
+    and a + dropout(b) all differ)."""
+    return 2.0 * t * t
+
+
+def run_with_stand_in_dropout(module: nn.Module, call):
+    """``call()`` with ``module`` in train mode and every nn.Dropout in it returning
+    :func:`dropout_stand_in` of its input, so no random numbers are compared.
+
+    Returns (output, the inputs the dropouts received, whether train mode changed the output
+    when no nn.Dropout ran: a forward that uses ``F.dropout``). The module's mode and the
+    caller's random state are left as they were."""
+    seen: list[torch.Tensor] = []
+
+    def hook(_mod, inputs, _out):
+        seen.append(inputs[0].detach().clone())
+        return dropout_stand_in(inputs[0])
+
+    was_training = module.training
+    handles = [m.register_forward_hook(hook) for m in module.modules()
+               if isinstance(m, nn.Dropout)]
+    changed = False
+    try:
+        module.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = call()
+            if not seen:  # no nn.Dropout called: does train mode change anything at all?
+                module.eval()
+                changed = not _close(out, call())
+    finally:
+        for handle in handles:
+            handle.remove()
+        module.train(was_training)
+    return out, seen, changed
+
+
+def no_dropout_module(report: _Report, text: str, changed: bool, unused_key: str) -> None:
+    """The verdict when no nn.Dropout ran in train mode: a note if the output still changed
+    (``F.dropout``: where it acts is not checked), else ``unused_key``."""
+    if report.probe(changed, text + (" (checked only for a change: no nn.Dropout submodule "
+                                     "was called)" if changed else "")):
+        report.note("in train mode the output changes, but not through an nn.Dropout "
+                    "submodule (self.dropout), so where dropout acts was not checked")
+        return
+    report.mistake(unused_key, "in train mode self.dropout is never called and the output "
+                   "equals the eval-mode output")

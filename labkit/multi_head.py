@@ -14,6 +14,9 @@ from .compare import (
     _compare,
     _deterministic,
     _instantiate,
+    dropout_stand_in,
+    no_dropout_module,
+    run_with_stand_in_dropout,
 )
 from .delegation import CORE_REFERENCES, watch_references
 from .localize import localize_attention, projection_inputs_probe, split_merge_probe
@@ -252,19 +255,11 @@ def _stored_weights_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
                        if tuple(got.shape) != want else "it differs from this call's weights")
 
 
-def _as_dropped(w: torch.Tensor) -> torch.Tensor:
-    """What the probe's dropout returns: an elementwise, smooth stand-in for a random mask.
-
-    Elementwise, so it is the same whatever the layout of the learner's weights (a head axis
-    anywhere, one call per head); smooth, so round-off in the weights stays round-off."""
-    return 2.0 * w * w
-
-
 def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
     """Train mode: the module's nn.Dropout, whatever its name, acts on the weights only.
 
-    A forward hook replaces each nn.Dropout's output with :func:`_as_dropped` of its input,
-    so the expected output is the reference computed with ``_as_dropped(weights)``: no random
+    Each nn.Dropout returns :func:`~labkit.compare.dropout_stand_in` of its input, so the
+    expected output is the reference computed with ``dropout_stand_in(weights)``: no random
     numbers are compared. A correct forward calls its dropout once on the weights (or once per
     head on each head's weights) and matches; one that skips it, or drops the scores or the
     output, does not. A forward whose dropout does not go through an nn.Dropout submodule
@@ -272,42 +267,18 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
     """
     text = ("train mode: dropout acts on the weights (N, H, L_q, L_k), once, before they mix "
             "the values")
-    drops = [m for m in module.modules() if isinstance(m, torch.nn.Dropout)]
-    seen: list[torch.Tensor] = []
-
-    def hook(_mod, inputs, _out):
-        seen.append(inputs[0].detach().clone())
-        return _as_dropped(inputs[0])
-
-    was_training = module.training
-    handles = [m.register_forward_hook(hook) for m in drops]
-    try:
-        module.train()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the caller's RNG untouched
-            out = _as_output(report, module(x.clone(), mem.clone(), mem_v.clone()))
-            if not seen:  # no nn.Dropout called: does train mode change anything at all?
-                changed = not _close(out, _as_output(report, module.eval()(
-                    x.clone(), mem.clone(), mem_v.clone())))
-    finally:
-        for handle in handles:
-            handle.remove()
-        module.train(was_training)
+    out, seen, changed = run_with_stand_in_dropout(module, lambda: _as_output(
+        report, module(x.clone(), mem.clone(), mem_v.clone())))
     n, l_q, d_model = x.shape
     h, d_k, l_k = ref.n_heads, ref.d_k, mem.size(1)
     with torch.no_grad():
         ref(x, mem, mem_v)  # eval mode: the plain weights
         weights = ref.attn_weights  # (N, H, L_q, L_k)
         v = ref.w_v(mem_v).view(n, l_k, h, d_k).transpose(1, 2)  # (N, H, L_k, d_k)
-        ctx = (_as_dropped(weights) @ v).transpose(1, 2).reshape(n, l_q, d_model)
+        ctx = (dropout_stand_in(weights) @ v).transpose(1, 2).reshape(n, l_q, d_model)
         expected = ref.w_o(ctx)  # (N, L_q, d_model)
     if not seen:
-        if report.probe(changed, text + (" (checked only for a change: no nn.Dropout "
-                                         "submodule was called)" if changed else "")):
-            report.note("in train mode the output changes, but not through an nn.Dropout "
-                        "submodule (self.dropout), so where dropout acts was not checked")
-            return
-        report.mistake("attn_dropout_unused", "in train mode self.dropout is never called and "
-                       "the output equals the eval-mode output")
+        no_dropout_module(report, text, changed, "attn_dropout_unused")
         return
     if report.probe(_close(out, expected), text):
         return

@@ -10,9 +10,14 @@ import re
 import textwrap
 
 import torch
-from torch import nn
 
-from .compare import _as_output, _close
+from .compare import (
+    _as_output,
+    _close,
+    dropout_stand_in,
+    no_dropout_module,
+    run_with_stand_in_dropout,
+)
 from .report import _call, _explain, _Report
 
 
@@ -131,53 +136,22 @@ def _loop_probe(report: _Report, fn) -> None:
         report.mistake("pe_python_loop", f"{found[0][1]} on line {found[0][0]} of the function")
 
 
-def _stand_in(t: torch.Tensor) -> torch.Tensor:
-    """What the probe's dropout returns: an elementwise, nonlinear stand-in for a random mask,
-    so dropout(x + pe), dropout(x) + pe and x + dropout(pe) all differ."""
-    return 2.0 * t * t
-
-
 def _train_mode_probe(report: _Report, module, x, ref) -> None:
     """Train mode: the module's nn.Dropout acts once, on the sum x + pe[:L].
 
-    A forward hook replaces each nn.Dropout's output with :func:`_stand_in` of its input, so
-    the expected output is ``_stand_in(x + pe[:L])``: no random numbers are compared. A forward
-    whose dropout does not go through an nn.Dropout submodule (``F.dropout``) is only checked
-    to change the output in train mode, with a note.
+    Each nn.Dropout returns :func:`~labkit.compare.dropout_stand_in` of its input, so
+    the expected output is ``dropout_stand_in(x + pe[:L])``: no random numbers are compared.
+    A forward whose dropout does not go through an nn.Dropout submodule (``F.dropout``) is
+    only checked to change the output in train mode, with a note.
     """
     length = x.size(1)
     text = "train mode: dropout acts once, on the sum x + pe[:L]"
-    drops = [m for m in module.modules() if isinstance(m, nn.Dropout)]
-    seen: list[torch.Tensor] = []
-
-    def hook(_mod, inputs, _out):
-        seen.append(inputs[0].detach().clone())
-        return _stand_in(inputs[0])
-
-    was_training = module.training
-    handles = [m.register_forward_hook(hook) for m in drops]
-    changed = False
-    try:
-        module.train()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the caller's RNG untouched
-            out = _as_output(report, _call(report, "forward(x) in train mode", module, x.clone()))
-            if not seen:  # no nn.Dropout called: does train mode change anything at all?
-                module.eval()
-                changed = not _close(out, _as_output(report, module(x.clone())))
-    finally:
-        for handle in handles:
-            handle.remove()
-        module.train(was_training)
+    out, seen, changed = run_with_stand_in_dropout(module, lambda: _as_output(
+        report, _call(report, "forward(x) in train mode", module, x.clone())))
     if not seen:
-        if report.probe(changed, text + (" (checked only for a change: no nn.Dropout "
-                                         "submodule was called)" if changed else "")):
-            report.note("in train mode the output changes, but not through an nn.Dropout "
-                        "submodule (self.dropout), so where dropout acts was not checked")
-            return
-        report.mistake("pe_dropout_unused", "in train mode self.dropout is never called and "
-                       "the output equals the eval-mode output")
+        no_dropout_module(report, text, changed, "pe_dropout_unused")
         return
-    if report.probe(_close(out, _stand_in(x + ref[:length])), text):
+    if report.probe(_close(out, dropout_stand_in(x + ref[:length])), text):
         return
     total = sum(t.numel() for t in seen)
 
