@@ -20,8 +20,9 @@ class CellTimeout(Exception):
 def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
              ) -> tuple[list[dict], int, dict]:
     """Execute ``path`` in a fresh IPython shell of this process, as a kernel would, but
-    without starting one: what :func:`run_notebook` returns. Meant for a forked child (it
-    changes the working folder and the process's output streams)."""
+    without starting one: (check records, cells that raised, exercises), as
+    :func:`labkit.course.grade.run_notebook` returns. Meant for a forked child (it changes
+    the working folder and the process's output streams)."""
     import contextlib
     import io
     import signal
@@ -38,6 +39,7 @@ def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # output written below Python (C extensions) is noise here
     os.dup2(devnull, 2)
+
     class Shell(InteractiveShell):
         def enable_gui(self, gui=None):  # %matplotlib inline asks; there is no event loop
             pass
@@ -94,9 +96,10 @@ def _preload() -> None:
 
 
 def grade_forked(paths: list[Path], timeout: int, prediction_points: float, jobs: int):
-    """Yield each submission's :func:`grade_one` result, in order, grading ``jobs`` at once,
-    each in its own child forked from this process after :func:`_preload` (no kernel to
-    start, no import to repeat; a child's changes to modules die with it)."""
+    """Yield each submission's (records, cells that raised, exercises, written answers), in
+    order, grading ``jobs`` at once, each in its own child forked from this process after
+    :func:`_preload` (no kernel to start, no import to repeat; a child's changes to modules
+    die with it)."""
     import pickle
     import select
     import time
