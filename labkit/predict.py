@@ -13,9 +13,12 @@ reveal still shows.
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import math
 import os
 import re
+import types
 from numbers import Real
 
 import torch
@@ -32,6 +35,10 @@ MISTAKES.update({
                          "re-read the cells before the question"),
     "prediction_known_mistake": ("the prediction is a common wrong answer",
                                  "compare with the cells above that show where this goes wrong"),
+    "prediction_pasted": ("the prediction reads a value the notebook computed instead of "
+                          "stating one",
+                          "write the value you worked out yourself, as a number, a shape or "
+                          "a word, without the names of the notebook's variables"),
 })
 
 
@@ -79,6 +86,60 @@ def _same(given, want, tol: float | None, rel: float | None) -> bool:
     if isinstance(want, bool) != isinstance(given, bool):
         return False  # True is not the answer 1
     return given == want
+
+
+def _parse(source):
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, TypeError):
+        return None
+
+
+def pasted_names(predicted, namespace: dict, inputs, current: str) -> list[str]:
+    """Names of the notebook's variables that the prediction's line reads, e.g. ``var_raw`` in
+    ``predicted = var_raw[6]``. The prediction's variable is a name the grading cell
+    (``current``) reads that is bound to ``predicted`` itself; its line is found in the latest
+    of ``inputs`` (newest last) that holds only assignments, as a prediction cell does.
+    Modules, functions and builtins are fine (``math.pi``), as is arithmetic on literals
+    (``1 / 6``). Empty when nothing is found."""
+    tree = _parse(current)
+    if tree is None:
+        return []
+    wanted = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+              and namespace.get(n.id, ...) is predicted}
+    for source in reversed(list(inputs)[-30:]):
+        cell = _parse(source)
+        if cell is None or not cell.body or not all(isinstance(s, ast.Assign) for s in cell.body):
+            continue
+        for node in cell.body:
+            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if not wanted.intersection(targets):
+                continue
+            read = {n.id for n in ast.walk(node.value)
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            return sorted(name for name in read if name in namespace
+                          and not hasattr(builtins, name)
+                          and not isinstance(namespace[name], types.ModuleType)
+                          and not callable(namespace[name]))
+    return []
+
+
+def _pasted_in_kernel(predicted) -> list[str]:
+    """:func:`pasted_names` in the running IPython kernel (its input history); [] elsewhere,
+    e.g. in plain Python or under nbval, which keeps no history."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:
+            return []
+        namespace = shell.user_ns
+        inputs = namespace.get("In") or []
+        if len(inputs) < 2:
+            return []
+        return pasted_names(predicted, namespace, inputs[:-1], inputs[-1])
+    except Exception:  # never let the history lookup break a grading cell
+        return []
 
 
 def _shown(value) -> str:
@@ -139,6 +200,12 @@ def _grade_prediction(name, predicted, actual, tol, rel, mistakes, verbose) -> C
         report.probe(False, f"{name}: no prediction yet: write yours in the cell above "
                      "(in place of ...) and run this cell again")  # the answer stays hidden
         report.mistake("prediction_missing")
+        return report.finish()
+    pasted = _pasted_in_kernel(predicted)
+    if pasted:
+        report.probe(False, f"{name}: your answer reads the notebook's "
+                     f"{' and '.join(pasted)}; it is {_shown(actual)}")
+        report.mistake("prediction_pasted")
         return report.finish()
     ok = _same(predicted, actual, tol, rel)
     report.probe(ok, f"{name}: you predicted {_shown(predicted)}; it is {_shown(actual)}"

@@ -1,6 +1,8 @@
 """labkit.check_prediction: graded predictions with named wrong answers."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -112,3 +114,38 @@ def test_numpy_values_are_read_as_plain_numbers_and_lists():
     assert labkit.check_prediction("mean", np.float64(0.5), 0.5, tol=0.01, verbose=False).passed
     assert not labkit.check_prediction("positions", [0, 1], np.array([0, 2]),
                                        verbose=False).passed
+
+
+def test_pasted_names_finds_a_notebook_variable_in_the_prediction_line():
+    from labkit.predict import pasted_names
+
+    var_raw, answer = [1.0, 61.6], 61.6
+    ns = {"var_raw": var_raw, "math": math, "predicted_var": answer, "round": round}
+    grading = 'labkit.check_prediction("variance", predicted_var, 61.6)'
+    inputs = ["var_raw = [1.0, 61.6]", "predicted_var = var_raw[1]  ### PREDICTION"]
+    assert pasted_names(answer, ns, inputs, grading) == ["var_raw"]
+    # a stated value, arithmetic on literals and a module are fine
+    for line in ("predicted_var = 61.6", "predicted_var = 1 / 6", "predicted_var = 2 * math.pi"):
+        assert pasted_names(answer, ns, inputs[:1] + [line], grading) == []
+    # a set-up cell after the prediction (not only assignments) is not taken for it
+    setup = "d_k = len(var_raw)\nprint(d_k)"
+    assert pasted_names(answer, ns, inputs[:1] + ["predicted_var = 61.6", setup], grading) == []
+
+
+def test_check_prediction_rejects_a_pasted_variable_in_a_kernel():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        for cell in ("import labkit", "rows = list(range(20))",
+                     "predicted_rows = len(rows)  ### PREDICTION",
+                     "r = labkit.check_prediction('rows', predicted_rows, 20, verbose=False)",
+                     "predicted_rows = 20  ### PREDICTION",
+                     "s = labkit.check_prediction('rows', predicted_rows, 20, verbose=False)"):
+            assert shell.run_cell(cell, store_history=True).success
+        pasted, stated = shell.user_ns["r"], shell.user_ns["s"]
+        assert not pasted.passed and pasted.mistakes == ["prediction_pasted"]
+        assert "rows" in pasted.report and "it is 20" in pasted.report
+        assert stated.passed
+    finally:
+        InteractiveShell.clear_instance()
