@@ -101,7 +101,8 @@ def pasted_names(predicted, namespace: dict, inputs, current: str) -> list[str]:
     (``current``) reads that is bound to ``predicted`` itself; its line is found in the latest
     of ``inputs`` (newest last) that holds only assignments, as a prediction cell does.
     Modules, functions and builtins are fine (``math.pi``), as is arithmetic on literals
-    (``1 / 6``). Empty when nothing is found."""
+    (``1 / 6``) or on plain-number settings (``d_model // n_heads``); a bare name is a paste
+    whatever it holds. Empty when nothing is found."""
     tree = _parse(current)
     if tree is None:
         return []
@@ -117,10 +118,16 @@ def pasted_names(predicted, namespace: dict, inputs, current: str) -> list[str]:
                 continue
             read = {n.id for n in ast.walk(node.value)
                     if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            return sorted(name for name in read if name in namespace
-                          and not hasattr(builtins, name)
-                          and not isinstance(namespace[name], types.ModuleType)
-                          and not callable(namespace[name]))
+            names = [name for name in read if name in namespace
+                     and not hasattr(builtins, name)
+                     and not isinstance(namespace[name], types.ModuleType)
+                     and not callable(namespace[name])]
+            if not isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript)):
+                # arithmetic on the notebook's settings (d_model // n_heads) is reasoning;
+                # reading a computed result (a tensor, a list, a table) is not
+                names = [name for name in names
+                         if not isinstance(namespace[name], (bool, int, float, str))]
+            return sorted(names)
     return []
 
 

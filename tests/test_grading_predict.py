@@ -127,6 +127,13 @@ def test_pasted_names_finds_a_notebook_variable_in_the_prediction_line():
     # a stated value, arithmetic on literals and a module are fine
     for line in ("predicted_var = 61.6", "predicted_var = 1 / 6", "predicted_var = 2 * math.pi"):
         assert pasted_names(answer, ns, inputs[:1] + [line], grading) == []
+    # arithmetic on plain-number settings is reasoning; a bare setting, or a list inside
+    # arithmetic, is a paste
+    ns.update(d_model=512, n_heads=8)
+    assert pasted_names(answer, ns, ["predicted_var = d_model // n_heads"], grading) == []
+    assert pasted_names(answer, ns, ["predicted_var = d_model"], grading) == ["d_model"]
+    assert pasted_names(answer, ns, ["predicted_var = var_raw[1] * n_heads"],
+                        grading) == ["var_raw"]
     # a set-up cell after the prediction (not only assignments) is not taken for it
     setup = "d_k = len(var_raw)\nprint(d_k)"
     assert pasted_names(answer, ns, inputs[:1] + ["predicted_var = 61.6", setup], grading) == []
