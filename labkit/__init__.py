@@ -57,12 +57,14 @@ from .silent_bugs import (
     check_repaired_weights,
     check_shift_targets,
 )
+from .stacks import check_decoder
 from .training import check_train_step
 
 __all__ = [
     "CheckResult", "MISTAKES", "history", "clear_history",
     "check_positional_encoding", "check_attention", "check_multi_head_attention", "check_masks",
-    "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_transformer",
+    "check_feed_forward", "check_encoder_layer", "check_decoder_layer", "check_decoder",
+    "check_transformer",
     "check_train_step", "check_label_smoothing", "check_greedy_decode", "find_checks",
     "check_namespace", "check_shape_quiz", "check_prediction", "seal_predictions", "sealed_score",
     "check_token_mean_loss", "check_amp_step",

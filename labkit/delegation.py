@@ -53,6 +53,7 @@ REFERENCES: dict[str, tuple[str, ...]] = {
     "check_feed_forward": ("FeedForward",),
     "check_encoder_layer": ("EncoderLayer",),
     "check_decoder_layer": ("DecoderLayer",),
+    "check_decoder": ("Decoder",),
     "check_transformer": ("Transformer",),
     "check_train_step": ("train_step",),
     "check_amp_step": ("train_step",),

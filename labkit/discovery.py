@@ -28,11 +28,13 @@ from .silent_bugs import (
     check_repaired_weights,
     check_shift_targets,
 )
+from .stacks import check_decoder
 from .training import check_train_step
 
 _CLASS_RULES = (  # (substring of the lower-case name without "_", check)
     ("decoderlayer", check_decoder_layer),
     ("encoderlayer", check_encoder_layer),
+    ("decoder", check_decoder),  # a decoder stack (06's MyDecoder): after "decoderlayer"
     ("multihead", check_multi_head_attention),
     ("mha", check_multi_head_attention),
     ("feedforward", check_feed_forward),
@@ -79,7 +81,8 @@ def find_checks(namespace: dict, module: str | None = "__main__") -> list[tuple[
     ``*DecoderLayer``, ``*EncoderLayer`` (``*PreLN*``/``*PreNorm*``/``*NormFirst*`` in the name:
     checked with ``norm_first=True``), ``*MultiHead*``/``*MHA*``, ``*FeedForward*``/
     ``*FFN*``, ``*Positional*`` classes and ``*Transformer`` classes (``*Tied*Transformer``:
-    ``share_embeddings=True``); functions named ``*positional*``/``*sinusoid*``,
+    ``share_embeddings=True``), other ``*Decoder*`` classes (the decoder stack); functions
+    named ``*positional*``/``*sinusoid*``,
     ``*attention*``, ``*train_step*``, ``*smooth*`` (label smoothing), ``*greedy*``,
     ``*beam*`` (a beam-search step), ``*bucket*`` (13's length-bucketed batches),
     ``*short_run*`` (13's training call), ``*phone_error*`` (13's PER), ``*token_mean*``
