@@ -1,13 +1,16 @@
-"""Check for notebook 12's second lab: the optimizer step of mixed-precision training.
+"""Check for notebook 12's second lab: one mixed-precision step over accumulated micro-batches.
 
-:func:`check_amp_step` grades ``fn(loss, model, optimizer, scaler, clip_norm) -> (grad_norm,
-skipped)``, the rest of a mixed-precision step after the forward pass: scale the loss, backward,
-unscale, clip, step through the scaler, update the scale, and say whether the scaler skipped the
-step. It runs the learner's step with a real ``torch.amp.GradScaler`` (on the CPU) and compares
-the weights and the scale with the right order and with the known wrong ones (clipping before
-unscaling, no unscale, update before step, ``optimizer.step()`` that bypasses the scaler, no loss
-scaling); a step whose loss is infinite must be skipped and reported as skipped, and the finite
-steps (whose scale grows here) as not skipped.
+:func:`check_amp_step` grades ``fn(micro_losses, model, optimizer, scaler, clip_norm) ->
+(grad_norm, skipped)``: k micro-batch losses (each with its graph) make ONE optimizer step whose
+gradient is that of their mean, taken through a ``torch.amp.GradScaler``. ``tx.train_step`` has
+the single-batch order (scale, backward, unscale, clip, step, update); accumulation is not in the
+package: the gradients are zeroed once, every micro-batch loss is divided by k and scaled, and the
+unscale, clip, step and update run once, after the last backward. The check runs the learner's
+step with a real ``GradScaler`` (on the CPU) and compares weights, scale and norms with the right
+step and with the known wrong ones (zeroing per micro-batch, no division by k, a step per
+micro-batch, clipping before unscaling, no unscale, update before step, ``optimizer.step()`` that
+bypasses the scaler, no loss scaling); a step whose second micro-batch loss is infinite must be
+skipped and reported as skipped, and the finite steps (whose scale grows here) as not skipped.
 """
 from __future__ import annotations
 
@@ -49,6 +52,16 @@ MISTAKES.update({
     "amp_not_a_pair": ("the step does not return the pair (grad_norm, skipped)",
                        "return two values: the true gradient norm before clipping, and True or "
                        "False for whether the scaler skipped this step"),
+    "amp_accum_zero_each": ("the gradients were zeroed before each micro-batch's backward",
+                            "only the last micro-batch's gradient survives; the step must see "
+                            "all k of them added up, so they are cleared once per step"),
+    "amp_accum_not_averaged": ("the micro-batch losses were not divided by their number",
+                               "the gradients add up over the micro-batches: without the "
+                               "division the step sees k times the gradient of their mean"),
+    "amp_accum_step_each": ("the optimizer stepped (or the gradients were unscaled) once per "
+                            "micro-batch",
+                            "accumulation makes one step from all k gradients; the scaler's "
+                            "unscale, step and update belong to that one step"),
     "amp_skipped_flag": ("the returned skipped flag does not say whether the scaler skipped "
                          "the step",
                          "it must be True exactly on a step whose true gradients held inf or "
@@ -79,6 +92,9 @@ class _Spy:
         setattr(self._target, name, value)
 
 
+K = 2  # micro-batches per step in every probe
+
+
 def _amp_setup(seed: int):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -89,20 +105,26 @@ def _amp_setup(seed: int):
     return model, opt, scaler, x, y
 
 
-def _loss(model, x, y, blow_up=False):
-    loss = F.cross_entropy(model(x), y) * 5.0  # a large gradient, so clipping at 0.5 acts
-    return loss * math.inf if blow_up else loss
+def _losses(model, x, y, blow_up=False):
+    """K micro-batch losses of equal size; with blow_up the last one is infinite."""
+    losses = [F.cross_entropy(model(x[i::K]), y[i::K]) * 5.0  # large, so clipping at 0.5 acts
+              for i in range(K)]
+    if blow_up:
+        losses[-1] = losses[-1] * math.inf
+    return losses
 
 
-def _amp_step(loss, model, opt, scaler, clip, *, zero_grad=True, unscale="before_clip",
-              through_scaler=True):
-    """The right AMP step (the defaults) and its known wrong variants, one option each:
-    no zeroing, unscaling after clipping or never, ``optimizer.step()`` past the scaler.
-    Returns (norm, skipped): the scale only drops at the update after a skipped step."""
+def _amp_step(losses, model, opt, scaler, clip, *, zero="once", divide=True,
+              unscale="before_clip", through_scaler=True):
+    """The right accumulated AMP step (the defaults) and its known wrong variants, one option
+    each. Returns (norm, skipped): the scale only drops at the update after a skipped step."""
     scale = scaler.get_scale()
-    if zero_grad:
+    if zero == "once":
         opt.zero_grad()
-    scaler.scale(loss).backward()
+    for loss in losses:
+        if zero == "each":
+            opt.zero_grad()
+        scaler.scale(loss / len(losses) if divide else loss).backward()
     if unscale == "before_clip":
         scaler.unscale_(opt)
     norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -118,11 +140,16 @@ def _amp_step(loss, model, opt, scaler, clip, *, zero_grad=True, unscale="before
 
 _right = _amp_step
 _AMP_VARIANTS = {  # mistake key -> the options of _amp_step that plant it
-    "no_zero_grad": {"zero_grad": False},
+    "no_zero_grad": {"zero": "never"},
+    "amp_accum_zero_each": {"zero": "each"},
+    "amp_accum_not_averaged": {"divide": False},
     "amp_clip_before_unscale": {"unscale": "after_clip"},
     "amp_no_unscale": {"unscale": "never"},
     "amp_optimizer_step_bypasses_scaler": {"through_scaler": False},
 }
+
+
+_STEP = "|"  # where each step begins in the call log
 
 
 def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None):
@@ -132,11 +159,12 @@ def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, l
     log = [] if log is None else log
     outs, scales = [], []
     for i in range(n_steps):
+        log.append(_STEP)
         s_opt = _Spy(opt, log, "optimizer") if spy else opt
         s_scaler = _Spy(scaler, log, "scaler") if spy else scaler
         with torch.enable_grad():
-            loss = _loss(model, x, y, blow_up=(i == blow_up_at))
-            outs.append(step(loss, model, s_opt, s_scaler, clip))
+            losses = _losses(model, x, y, blow_up=(i == blow_up_at))
+            outs.append(step(losses, model, s_opt, s_scaler, clip))
         scales.append(scaler.get_scale())
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return weights, scales, outs, log
@@ -191,22 +219,28 @@ def _name_from_log(report: _Report, log: list) -> None:
     if "scaler.update" in log and "scaler.step" in log and \
             log.index("scaler.update") < log.index("scaler.step"):
         report.mistake("amp_update_before_step")
+    for one in "/".join(log).split(_STEP):  # the calls of each step
+        calls = [c for c in one.split("/") if c]
+        stepped = [i for i, c in enumerate(calls) if c.endswith(".step")]
+        if calls.count("scaler.unscale_") > 1 or (stepped and "scaler.scale" in calls[stepped[0]:]):
+            report.mistake("amp_accum_step_each")  # a step (or an unscale) per micro-batch
+            break
     if len(report.found) > 1:
         report.found.pop("exception", None)  # the named mistake explains the exception
 
 
 def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
-    """Check ``fn(loss, model, optimizer, scaler, clip_norm) -> (grad_norm, skipped)``: the
-    mixed-precision step after the forward pass, in the order scale, backward, unscale, clip,
-    step, update.
+    """Check ``fn(micro_losses, model, optimizer, scaler, clip_norm) -> (grad_norm, skipped)``:
+    one mixed-precision step from k accumulated micro-batch losses.
 
-    ``loss`` is a scalar with a graph, ``scaler`` a ``torch.amp.GradScaler``; the gradients may
-    hold the previous step's values on entry (zero them). Return the norm of the true gradients
-    before clipping (what ``clip_grad_norm_`` returns after ``unscale_``) and whether the scaler
-    skipped the step (a bool, or a one-element bool tensor). Three steps from the same start must
-    give the reference's weights, scale and norms, each reported as not skipped (the scale grows
-    after every finite step here); a fourth run with an infinite loss at step 2 must skip that
-    step and report it as skipped.
+    ``micro_losses`` is a list of k scalar losses of equal-size micro-batches, each with its
+    graph; ``scaler`` a ``torch.amp.GradScaler``; the gradients may hold the previous step's
+    values on entry. The step's gradient must be that of the mean of the k losses, the returned
+    norm that of the true gradients before clipping, and ``skipped`` whether the scaler skipped
+    the step (a bool, or a one-element bool tensor). Three steps from the same start must give
+    the reference's weights, scale and norms, each reported as not skipped (the scale grows after
+    every finite step here); a run whose second step has an infinite micro-batch loss must skip
+    that step and report it as skipped.
     """
 
     def body(report: _Report):
@@ -222,8 +256,8 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
                 _name_from_log(report, log)
             raise
         _name_from_log(report, log)
-        first = log[:len(log) // 3 or None]
-        shown = [c for c in first if not c.split(".", 1)[1].startswith(("get_", "is_"))]
+        first = "/".join(log).split(_STEP)[1].split("/")
+        shown = [c for c in first if c and not c.split(".", 1)[1].startswith(("get_", "is_"))]
         report.probe(not report.found, "the calls of one step: " + " -> ".join(shown))
         got_norms, got_flags, is_pair = _split(got_outs)
         if not is_pair:
@@ -253,7 +287,9 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
                 else:
                     report.mistake("mismatch")
         elif not norms_ok:
-            report.mistake("amp_grad_norm")
+            times_k = all(g is not None and math.isclose(g, K * w, rel_tol=1e-4)
+                          for g, w in zip(got_norms, want_norms, strict=True))
+            report.mistake("amp_accum_not_averaged" if times_k else "amp_grad_norm")
         flags_ok = got_flags == want_flags
         if is_pair:
             shown = [_shown_flag(f, out) for f, out in zip(got_flags, got_outs, strict=True)]

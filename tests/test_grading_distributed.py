@@ -112,17 +112,28 @@ def learner_step(*calls, returns="norm", flag="finite norm"):
     (norm, skipped); ``flag`` says how skipped is found: from the norm (``not isfinite``, unlike
     the check's scale comparison), from the gradients, or one of the likely wrong ways."""
 
-    def step(loss, model, optimizer, scaler, clip_norm):
+    def step(micro_losses, model, optimizer, scaler, clip_norm):
         grad_norm, bad_grads = None, None
+        k = len(micro_losses)
         scale_at_start = scaler.get_scale()
         scale_before_update = None
         for call in calls:
             if call == "zero_grad":
                 optimizer.zero_grad(set_to_none=True)
-            elif call == "backward":
-                scaler.scale(loss).backward()
+            elif call == "backward":  # one backward on the mean (the check scales each loss)
+                scaler.scale(sum(micro_losses) / k).backward()
+            elif call == "backward per micro-batch":
+                for loss in micro_losses:
+                    scaler.scale(loss / k).backward()
+            elif call == "backward, zeroing each":
+                for loss in micro_losses:
+                    optimizer.zero_grad()
+                    scaler.scale(loss / k).backward()
+            elif call == "backward, not divided":
+                for loss in micro_losses:
+                    scaler.scale(loss).backward()
             elif call == "backward, unscaled loss":
-                loss.backward()
+                (sum(micro_losses) / k).backward()
             elif call == "unscale":
                 scaler.unscale_(optimizer)
                 bad_grads = any(not torch.isfinite(p.grad).all() for p in model.parameters())
@@ -162,12 +173,62 @@ no_update = learner_step(*RIGHT[:-1])
 no_zero_grad = learner_step(*RIGHT[1:])
 norm_after_clip = learner_step(*RIGHT, returns="clip_norm")
 norm_only = learner_step(*RIGHT, returns="norm only")  # the contract before the skipped flag
+looped = learner_step("zero_grad", "backward per micro-batch", *RIGHT[2:])
+zero_each = learner_step("backward, zeroing each", *RIGHT[2:])
+not_divided = learner_step("zero_grad", "backward, not divided", *RIGHT[2:])
 
 
-def test_the_right_step_passes():
-    result = quiet(labkit.check_amp_step, amp_step)
+def step_each(micro_losses, model, optimizer, scaler, clip_norm):
+    """The single-batch step of tx.train_step, run once per micro-batch."""
+    start = scaler.get_scale()
+    for loss in micro_losses:
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    return norm, scaler.get_scale() < start
+
+
+def unscale_each(micro_losses, model, optimizer, scaler, clip_norm):
+    optimizer.zero_grad()
+    for loss in micro_losses:
+        scaler.scale(loss / len(micro_losses)).backward()
+        scaler.unscale_(optimizer)  # the second call raises
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    return norm, not torch.isfinite(norm)
+
+
+@pytest.mark.parametrize("fn", [amp_step, looped])
+def test_the_right_step_passes(fn):
+    result = quiet(labkit.check_amp_step, fn)
     assert result.passed and not result.mistakes, result.report
     assert "reported as skipped (skipped: True)" in result.report
+
+
+@pytest.mark.parametrize("fn, key", [
+    (zero_each, "amp_accum_zero_each"), (not_divided, "amp_accum_not_averaged"),
+    (step_each, "amp_accum_step_each"), (unscale_each, "amp_accum_step_each")])
+def test_each_accumulation_mistake_is_named(fn, key):
+    result = quiet(labkit.check_amp_step, fn)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_two_micro_batches_make_the_step_of_the_whole_batch():
+    torch.manual_seed(0)
+    model, twin = nn.Linear(4, 3), nn.Linear(4, 3)
+    twin.load_state_dict(model.state_dict())
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    s1, s2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2))
+    micro = [F.cross_entropy(model(x[i::2]), y[i::2]) for i in range(2)]
+    norm, _ = looped(micro, model, opt, s1, 100.0)
+    norm2, _ = amp_step([F.cross_entropy(twin(x), y)], twin, opt2, s2, 100.0)
+    torch.testing.assert_close(model.weight, twin.weight)
+    assert abs(float(norm) - float(norm2)) < 1e-5
 
 
 def test_a_flag_read_from_the_gradients_passes():
@@ -197,7 +258,7 @@ def test_the_right_step_matches_tx_train_step():
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     s1, s2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2))
-    norm, skipped = amp_step(F.cross_entropy(model(x), y) * 5, model, opt, s1, 0.5)
+    norm, skipped = amp_step([F.cross_entropy(model(x), y) * 5], model, opt, s1, 0.5)
     opt2.zero_grad()
     s2.scale(F.cross_entropy(twin(x), y) * 5).backward()
     s2.unscale_(opt2)
@@ -225,7 +286,7 @@ def test_an_overflow_that_is_not_skipped_is_named():
 
 
 def test_a_stub_is_reported_not_raised():
-    def stub(loss, model, optimizer, scaler, clip_norm):
+    def stub(micro_losses, model, optimizer, scaler, clip_norm):
         raise NotImplementedError("finish the step; return the norm before clipping")
 
     result = quiet(labkit.check_amp_step, stub)
