@@ -14,13 +14,30 @@ from .compare import (
     _instantiate,
 )
 from .localize import ffn_probe, hidden_width_probe
+from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 from .weights import copy_reference
 
+MISTAKES.update({
+    "ffn_dropout_missing": (
+        "in train mode the feed-forward's output is that of eval mode: its dropout is never "
+        "applied",
+        "the exercise asks for dropout on the wide hidden vector, as in the package's block; "
+        "a module that is built but never called does nothing"),
+    "ffn_dropout_repeated": (
+        "in train mode dropout acts on the hidden layer more than once",
+        "each hidden activation is dropped once; a second pass drops more than the rate asks"),
+})
 
-def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
+
+def check_feed_forward(cls, *, hidden_dropout: bool = False,
+                       verbose: bool = True) -> CheckResult:
     """Check ``cls(d_model, d_ff, dropout)`` with ``linear1``, ``linear2`` against
-    :class:`tx_helpers.FeedForward` (linear2(dropout(relu(linear1(x))))."""
+    :class:`tx_helpers.FeedForward` (linear2(dropout(relu(linear1(x))))).
+
+    ``hidden_dropout=True`` (notebook 04's exercise) grades the train-mode placement as a
+    probe: dropout once on the hidden layer, as tx has it; no dropout at all, or dropout
+    applied twice, fails (by default no dropout passes: the paper has none inside the FFN)."""
     d_model, d_ff = 16, 48
 
     def body(report: _Report):
@@ -65,12 +82,9 @@ def check_feed_forward(cls, *, verbose: bool = True) -> CheckResult:
         if report.only_mismatch():
             ffn_probe(report, module, lin1, lin2, x)
         if not report.found and lin1 is not None and lin2 is not None:
-            _dropout_placement(report, module, lin1, lin2, x)
+            _dropout_placement(report, module, lin1, lin2, x, hidden_dropout)
 
     return _run_check("check_feed_forward", body, verbose, cls)
-
-
-
 
 
 def _owner(module, weight):
@@ -82,11 +96,12 @@ def _owner(module, weight):
                  and m.weight.data_ptr() == ptr and m.weight.shape == weight.shape), None)
 
 
-def _dropout_placement(report: _Report, module, lin1, lin2, x) -> None:
+def _dropout_placement(report: _Report, module, lin1, lin2, x, required=False) -> None:
     """Train mode, dropout replaced by a fixed per-feature scaling: where does it act?
 
     On the hidden activations (tx's choice) or nowhere (the paper drops only the sublayer's
-    output, in the layer around it) passes; on the output or the input is named.
+    output, in the layer around it) passes; on the output or the input is named. With
+    ``required`` only the hidden layer passes, as a probe.
     """
     from .dropout import _drop, stand_in
 
@@ -102,7 +117,21 @@ def _dropout_placement(report: _Report, module, lin1, lin2, x) -> None:
                 got = _as_output(report, module(x.clone()))
             except Exception:  # noqa: BLE001 - eval mode worked: no verdict here
                 return
-            if any(_close(got, ffn(**kw)) for kw in ({"h_drop": True}, {})):
+            what = ("in train mode, dropout acts once on the hidden layer (seen through a "
+                    "fixed stand-in for dropout)")
+            if _close(got, ffn(h_drop=True)):
+                if required:
+                    report.probe(True, what)
+                return
+            if _close(got, ffn()):
+                if required:
+                    report.probe(False, what)
+                    report.mistake("ffn_dropout_missing")
+                return
+            h = F.relu(lin1(x))
+            if required and _close(got, lin2(_drop(_drop(h)))):
+                report.probe(False, what)
+                report.mistake("ffn_dropout_repeated")
                 return
             for kw, where in (({"out_drop": True}, "on the output of linear2"),
                               ({"h_drop": True, "out_drop": True}, "on the hidden layer and "
@@ -113,6 +142,10 @@ def _dropout_placement(report: _Report, module, lin1, lin2, x) -> None:
                                  "(seen through a fixed stand-in for dropout)")
                     report.mistake("ffn_dropout_position", where)
                     return
+            if required:
+                report.probe(False, what)
+                report.mistake("ffn_dropout_position", "it matches none of the usual placements")
+                return
             report.note("in train mode the output differs from the usual dropout placements "
                         "although eval mode matches: check where dropout is applied")
     finally:

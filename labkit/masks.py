@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
+from tx_helpers.attention import scaled_dot_product_attention
+from tx_helpers.masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask
 
 from .mask_contract import _probe_device_argument, _probe_errors, _probe_input_device, _takes
 from .mistakes import MISTAKES
@@ -113,7 +114,9 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
     ``full_contract=True`` (notebook 05's exercise) also probes the errors of its contract,
     for each function whose masks passed: a ValueError naming ``seq`` for token ids that are
     not 2-D, naming ``size`` for a size of 0 or below, naming ``tgt`` when the batch sizes of
-    ``src`` and ``tgt`` differ; and the explicit cross-attention shape (N, L_tgt, L_src).
+    ``src`` and ``tgt`` differ; and a cross-attention mask of shape (N, 1, L_src) or
+    (N, L_tgt, L_src) that, given a head axis as tx does, leaves weight 0 on every source pad
+    of (N, H, L_tgt, L_src) scores.
     """
     src = torch.tensor([[5, 0, 7, 9, 1, 1], [4, 8, 1, 1, 1, 1], [3, 2, 6, 0, 9, 4]])
     tgt = torch.tensor([[2, 5, 6, 1], [2, 7, 1, 1], [2, 3, 4, 5]])
@@ -308,6 +311,25 @@ def _probe_decoder_past(report, fn):
     _guard(report, probe)
 
 
+def _probe_cross_in_attention(report, what, mask, expected, key_is_pad, heads=2) -> None:
+    """Use ``mask`` against cross-attention scores (N, H, L_tgt, L_src), as tx does (a head
+    axis inserted by ``expand_mask``): the weights must equal the reference mask's and be
+    exactly 0 on every source pad."""
+    n, l_tgt, l_src = expected.shape
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(n, heads, l_tgt, 8, generator=g)  # (N, H, L_tgt, d_k)
+    k = torch.randn(n, heads, l_src, 8, generator=g)  # (N, H, L_src, d_k)
+    _, w_ref = scaled_dot_product_attention(q, k, k, expand_mask(expected, n, heads, l_tgt, l_src))
+    _, w = scaled_dot_product_attention(q, k, k, expand_mask(mask, n, heads, l_tgt, l_src))
+    on_pads = (w * key_is_pad[:, None, None, :]).sum(-1).max().item()  # (N, H, L_tgt) -> max
+    ok = torch.equal(w, w_ref) and on_pads == 0.0
+    if not report.probe(ok, f"{what} in attention on scores (N, H, L_tgt, L_src) = "
+                        f"{(n, heads, l_tgt, l_src)}: weight 0 on every source pad, the "
+                        "reference's weights"):
+        report.mistake("mismatch", f"largest weight a query puts on source pads: {on_pads:.4f}")
+        raise _Failed
+
+
 def _probe_cross_mask(report, fn, src, tgt, explicit=False):
     def probe():
         pad_idx = 1
@@ -336,11 +358,16 @@ def _probe_cross_mask(report, fn, src, tgt, explicit=False):
         if not _match_mask(report, f"{what}: hides the padded source positions, broadcasts to "
                            f"{full}", b, expected, cands):
             return
-        if explicit:  # notebook 05's contract asks for the explicit form
-            if not report.probe(shape == full, f"{what} has the explicit shape (N, L_tgt, L_src)"
-                                f" = {full}" + ("" if shape == full else f" (got {shape})")):
-                report.mistake("wrong_output_shape", f"the mask broadcasts, but the contract "
-                               f"asks for one row per target query: {full}, got {shape}")
+        if explicit:  # notebook 05's contract: (N, 1, L_src) or (N, L_tgt, L_src)
+            _probe_cross_in_attention(report, what, m, expected, src == pad_idx)
+            thin = (n, 1, l_src)
+            if not report.probe(shape in (thin, full), f"{what} has a shape of the contract: "
+                                f"{thin} or {full}" + ("" if shape in (thin, full)
+                                                       else f" (got {shape})")):
+                report.mistake("wrong_output_shape", f"got {shape}: tx masks carry no head "
+                               "axis (the attention inserts it), so the contract names the "
+                               f"key row shared by every query, {thin}, or one row per target "
+                               f"query, {full}")
         elif shape not in ((n, 1, l_src), full):
             report.note(f"shape {shape} works; (N, 1, L_src) and (N, L_tgt, L_src) are the "
                         "usual forms")

@@ -276,19 +276,40 @@ def test_decoder_past_mistakes_are_named(fn, key):
     assert not result.passed and key in result.mistakes, result.report
 
 
-# Notebook 05's table asks for the explicit (N, L_tgt, L_src) cross mask: with full_contract=True
-# a mask that only broadcasts there (tx's own (N, 1, L_src), or 4-D) fails and says so; the
-# explicit forms, written two ways, pass.
-@pytest.mark.parametrize("fn", [thin_by_view, four_d, lambda s, t, p: labkit_tx_padding(s, p)])
-def test_the_full_contract_asks_for_the_explicit_cross_mask(fn):
+# Notebook 05's table accepts both forms that broadcast correctly against the cross-attention
+# scores (N, H, L_tgt, L_src): the key row shared by every query, (N, 1, L_src) (tx's own), and
+# one row per target query, (N, L_tgt, L_src). With full_contract=True the check also uses the
+# mask in attention and proves weight 0 on every source pad. A head axis is outside the contract.
+@pytest.mark.parametrize("fn", [thin_by_view, lambda s, t, p: labkit_tx_padding(s, p),
+                                full_by_repeat, full_by_or])
+def test_the_full_contract_accepts_both_cross_mask_shapes(fn):
     result = labkit.check_masks(cross_fn=fn, full_contract=True, verbose=False)
-    assert not result.passed and result.mistakes == ["wrong_output_shape"], result.report
-    assert any("explicit shape" in m and "(3, 4, 6)" in m for m in result.messages), result.report
+    assert not result.passed and result.mistakes == ["mask_argument_unchecked"], result.report
+    assert any("in attention on scores" in m and "✓" in m for m in result.messages), result.report
+    assert any("a shape of the contract" in m and "✓" in m for m in result.messages), result.report
+
+
+def test_the_full_contract_refuses_a_head_axis_in_the_cross_mask():
+    result = labkit.check_masks(cross_fn=four_d, full_contract=True, verbose=False)
+    assert not result.passed and "wrong_output_shape" in result.mistakes, result.report
+    assert any("a shape of the contract" in m and "(3, 1, 1, 6)" in m for m in result.messages)
+
+
+def test_a_cross_mask_that_leaks_in_attention_fails_the_full_contract():
+    def keeps_last_pad_visible(src, tgt, pad_idx):  # broadcasts, but one pad stays visible
+        if src.size(0) != tgt.size(0):
+            raise ValueError(f"tgt has {tgt.size(0)} sentences, src has {src.size(0)}")
+        m = (src == pad_idx)[:, None, :].clone()
+        m[0, 0, -1] = False
+        return m
+
+    result = labkit.check_masks(cross_fn=keeps_last_pad_visible, full_contract=True, verbose=False)
+    assert not result.passed, result.report
 
 
 def labkit_tx_padding(src, pad_idx):
     import tx_helpers as tx
-    return tx.padding_mask(src, pad_idx)  # (N, 1, L_src): broadcasts, but is not the explicit form
+    return tx.padding_mask(src, pad_idx)  # (N, 1, L_src): tx's own cross-attention mask
 
 
 def cross_checked_by_or(src, tgt, pad_idx):
@@ -297,7 +318,13 @@ def cross_checked_by_or(src, tgt, pad_idx):
     return full_by_or(src, tgt, pad_idx)
 
 
-@pytest.mark.parametrize("fn", [cross_checked, cross_checked_by_or])
+def cross_thin_checked(src, tgt, pad_idx):
+    if tgt.size(0) != src.size(0):
+        raise ValueError(f"tgt must have src's {src.size(0)} sentences; got {tgt.size(0)}")
+    return thin_by_view(src, tgt, pad_idx)
+
+
+@pytest.mark.parametrize("fn", [cross_checked, cross_checked_by_or, cross_thin_checked])
 def test_explicit_cross_masks_pass_the_full_contract_on_any_device(fn):
     result = labkit.check_masks(cross_fn=fn, full_contract=True, devices=True, verbose=False)
     assert result.passed, result.report
