@@ -245,9 +245,21 @@ def test_notebook_12s_exercises_are_autograded_by_the_checks_it_calls():
     assert any("mark_exercise('amp_step', amp_step" in s for s in tests), tests
 
 
-def test_an_exercise_no_check_covers_stays_hand_marked():
-    _, _, manual = _exported(_stem("06"))
+def test_an_exercise_no_check_covers_stays_hand_marked(monkeypatch):
+    """Every lab's exercises have a check today (06's MyDecoder got check_decoder), so the
+    hand-marked route is exercised by hiding that pairing."""
+    from labkit.course import nbgrader_export as nc
+
+    assert _exported(_stem("06"))[2] == []
+    real = nc._check_for
+    monkeypatch.setattr(nc, "_check_for", lambda info, top, classes: (
+        (None, False) if top == "MyDecoder" else real(info, top, classes)))
+    nb, _, manual = _exported(_stem("06"))
     assert any("MyDecoder" in m for m in manual), manual
+    marked = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")
+              and "MyDecoder" in c.source
+              and c.source.startswith(nc.MANUAL_NOTE.split("{")[0])]
+    assert marked, "the exercise's answer cell asks the teacher for a score"
 
 
 def test_docs_points_table_is_what_the_exporter_does():
