@@ -62,17 +62,29 @@ def _normalise(value):
 
 
 def _coerce(given, want):
-    """A prediction typed as text ("True", "9", "0.5") is read as the kind of the answer."""
+    """A prediction typed as text ("True", "9", "0.5", "5%", "(4, 17, 128)") is read as the kind
+    of the answer."""
     if not isinstance(given, str) or isinstance(want, str):
         return given
     text = given.strip().lower()
     if isinstance(want, bool):
         return {"true": True, "false": False}.get(text, given)
     if isinstance(want, Real):
+        percent = text.endswith("%")
         try:
-            return float(text.replace(",", ""))
+            number = float(text.rstrip("%").strip().replace(",", ""))
         except ValueError:
             return given
+        return number / 100 if percent else number
+    if isinstance(want, tuple):  # a shape or a list typed as text
+        inner = re.fullmatch(r"torch\.size\(\s*(.*)\)", text)
+        try:
+            value = ast.literal_eval(inner.group(1) if inner else text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return given
+        if isinstance(value, (int, float)):
+            value = (value,)
+        return _normalise(value) if isinstance(value, (tuple, list, set, int, float)) else given
     return given
 
 

@@ -156,3 +156,14 @@ def test_check_prediction_rejects_a_pasted_variable_in_a_kernel():
         assert stated.passed
     finally:
         InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize("typed, want, passed", [
+    ("(4, 17, 128)", (4, 17, 128), True), ("4, 17, 128", (4, 17, 128), True),
+    ("torch.Size([4, 17, 128])", torch.Size([4, 17, 128]), True), ("[1, 3]", [1, 3], True),
+    ("(4, 17)", (4, 17, 128), False), ("four", (4,), False),
+    ("5%", 0.05, True), ("5 %", 0.05, True), ("50%", 0.05, False)])
+def test_a_shape_or_a_percentage_typed_as_text_is_read_as_a_value(typed, want, passed):
+    tol = 1e-9 if isinstance(want, float) else None
+    result = labkit.check_prediction("x", typed, want, tol=tol, verbose=False)
+    assert result.passed is passed
