@@ -9,7 +9,8 @@ unscale, clip, step and update run once, after the last backward. The check runs
 step with a real ``GradScaler`` (on the CPU) and compares weights, scale and norms with the right
 step and with the known wrong ones (zeroing per micro-batch, no division by k, a step per
 micro-batch, clipping before unscaling, no unscale, update before step, ``optimizer.step()`` that
-bypasses the scaler, no loss scaling); a step whose second micro-batch loss is infinite must be
+bypasses the scaler, no loss scaling, no clipping, zeroing at the end); every run starts with stale
+gradients in ``.grad``; a step whose second micro-batch loss is infinite must be
 skipped and reported as skipped, and the finite steps (whose scale grows here) as not skipped.
 """
 from __future__ import annotations
@@ -67,6 +68,13 @@ MISTAKES.update({
                          "it must be True exactly on a step whose true gradients held inf or "
                          "NaN (the weights stay unchanged), and False on every other step, "
                          "including one where the scale grows"),
+    "amp_zero_at_end": ("the gradients were cleared at the end of the step, not before its "
+                        "first backward",
+                        "the gradients may hold stale values on entry (from an evaluation or "
+                        "an earlier run), so clear them before this step's gradients are added"),
+    "amp_no_clip": ("the gradients were never clipped to the clipping norm",
+                    "measure the true gradients' norm and scale them down to the given norm "
+                    "before the update"),
 })
 
 
@@ -115,7 +123,7 @@ def _losses(model, x, y, blow_up=False):
 
 
 def _amp_step(losses, model, opt, scaler, clip, *, zero="once", divide=True,
-              unscale="before_clip", through_scaler=True):
+              unscale="before_clip", through_scaler=True, clipped=True):
     """The right accumulated AMP step (the defaults) and its known wrong variants, one option
     each. Returns (norm, skipped): the scale only drops at the update after a skipped step."""
     scale = scaler.get_scale()
@@ -127,7 +135,7 @@ def _amp_step(losses, model, opt, scaler, clip, *, zero="once", divide=True,
         scaler.scale(loss / len(losses) if divide else loss).backward()
     if unscale == "before_clip":
         scaler.unscale_(opt)
-    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip if clipped else math.inf)
     if unscale == "after_clip":
         scaler.unscale_(opt)
     if through_scaler:
@@ -135,6 +143,8 @@ def _amp_step(losses, model, opt, scaler, clip, *, zero="once", divide=True,
     else:
         opt.step()
     scaler.update()
+    if zero == "end":
+        opt.zero_grad()
     return norm, scaler.get_scale() < scale
 
 
@@ -146,6 +156,8 @@ _AMP_VARIANTS = {  # mistake key -> the options of _amp_step that plant it
     "amp_clip_before_unscale": {"unscale": "after_clip"},
     "amp_no_unscale": {"unscale": "never"},
     "amp_optimizer_step_bypasses_scaler": {"through_scaler": False},
+    "amp_zero_at_end": {"zero": "end"},
+    "amp_no_clip": {"clipped": False},
 }
 
 
@@ -156,6 +168,9 @@ def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, l
     """Weights, the scale after each step, what each step returned, after ``n_steps`` of
     ``step`` (and the call log with spy)."""
     model, opt, scaler, x, y = _amp_setup(seed)
+    gen = torch.Generator().manual_seed(seed + 2)
+    for p in model.parameters():  # stale gradients, e.g. from an earlier step: clear them first
+        p.grad = torch.randn(p.shape, generator=gen)
     log = [] if log is None else log
     outs, scales = [], []
     for i in range(n_steps):

@@ -137,6 +137,12 @@ def learner_step(*calls, returns="norm", flag="finite norm"):
             elif call == "unscale":
                 scaler.unscale_(optimizer)
                 bad_grads = any(not torch.isfinite(p.grad).all() for p in model.parameters())
+            elif call == "clear by hand":  # a correct variant: no zero_grad call
+                for p in model.parameters():
+                    p.grad = None
+            elif call == "norm, no clip":  # measured by hand, never clipped
+                grad_norm = torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
             elif call == "clip":
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip_norm)
             elif call == "scaler.step":
@@ -176,6 +182,10 @@ norm_only = learner_step(*RIGHT, returns="norm only")  # the contract before the
 looped = learner_step("zero_grad", "backward per micro-batch", *RIGHT[2:])
 zero_each = learner_step("backward, zeroing each", *RIGHT[2:])
 not_divided = learner_step("zero_grad", "backward, not divided", *RIGHT[2:])
+zero_at_end = learner_step(*RIGHT[1:], "zero_grad")  # right from the second step on
+cleared_by_hand = learner_step("clear by hand", *RIGHT[1:])
+no_clip = learner_step("zero_grad", "backward", "unscale", "norm, no clip", "scaler.step",
+                       "update")
 
 
 def step_each(micro_losses, model, optimizer, scaler, clip_norm):
@@ -202,7 +212,7 @@ def unscale_each(micro_losses, model, optimizer, scaler, clip_norm):
     return norm, not torch.isfinite(norm)
 
 
-@pytest.mark.parametrize("fn", [amp_step, looped])
+@pytest.mark.parametrize("fn", [amp_step, looped, cleared_by_hand])
 def test_the_right_step_passes(fn):
     result = quiet(labkit.check_amp_step, fn)
     assert result.passed and not result.mistakes, result.report
@@ -274,7 +284,8 @@ def test_the_right_step_matches_tx_train_step():
     (update_before_step, "amp_update_before_step"),
     (bypass, "amp_optimizer_step_bypasses_scaler"), (no_scaling, "amp_no_loss_scaling"),
     (no_update, "amp_no_update"), (no_zero_grad, "no_zero_grad"),
-    (norm_after_clip, "amp_grad_norm")])
+    (norm_after_clip, "amp_grad_norm"), (zero_at_end, "amp_zero_at_end"),
+    (no_clip, "amp_no_clip")])
 def test_each_step_mistake_is_named(fn, key):
     result = quiet(labkit.check_amp_step, fn)
     assert not result.passed and key in result.mistakes, result.report

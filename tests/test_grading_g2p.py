@@ -56,6 +56,13 @@ def loop_ties_last(predictions, references):
     return errors / length
 
 
+def closest_distance_first_length(predictions, references):
+    # the errors of the closest pronunciation over the length of the first listed one
+    pairs = list(zip(predictions, references, strict=True))
+    return (sum(min(g2p.edit_distance(p, ref) for ref in r) for p, r in pairs)
+            / sum(len(r[0]) for r in references))
+
+
 def stub(predictions, references):
     raise NotImplementedError("return the phone error rate")
 
@@ -73,6 +80,7 @@ def test_the_reference_passes():
     (mean_of_word_rates, "per_mean_of_word_rates"),
     (word_error_rate, "per_word_error_rate"),
     (loop_ties_last, "per_tie_not_first"),
+    (closest_distance_first_length, "per_closest_distance_first_length"),
     (stub, "not_implemented"),
     (lambda p, r: "0.1", "per_not_a_number"),
 ])
