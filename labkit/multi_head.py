@@ -92,7 +92,8 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
 
     ``core_included=True``: the exercise includes the attention core (notebook 11's timed
     exercise), so a forward that calls ``tx.scaled_dot_product_attention`` or PyTorch's
-    ``F.scaled_dot_product_attention``, by any route, fails a probe, and under
+    ``F.scaled_dot_product_attention``, by any route, or runs ``tx.MultiHeadAttention``'s
+    code (a subclass, a borrowed ``forward``), fails a probe, and under
     :func:`labkit.mark_exercise` it is delegation (0 points). Off by default: 03's lab marks
     the core at its own exercise, and its ``MultiHeadAttention`` calls an attention function.
 
@@ -114,11 +115,14 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
     def body(report: _Report):
         if not core_included:
             return checked(report)
-        with watch_references(set(CORE_REFERENCES)) as watch:
+        # the class itself is watched too, as mark_exercise watches it: a subclass of
+        # tx.MultiHeadAttention (or a borrowed forward) runs the reference's code
+        with watch_references(set(CORE_REFERENCES) | {"MultiHeadAttention"}) as watch:
             try:
                 checked(report)
             finally:
-                report.probe(not watch.found, "forward computes the attention core itself"
+                report.probe(not watch.found, "forward computes the heads and the attention "
+                             "core itself"
                              + (f" (not credited: {'; '.join(watch.found)})" if watch.found
                                 else ""))
 

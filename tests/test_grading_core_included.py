@@ -124,3 +124,74 @@ def test_a_nested_watch_reports_to_the_outer_one_and_restores_it():
         assert sys.getprofile() is hook
     assert sys.getprofile() is before
     assert inner.found and outer.found == inner.found
+
+
+SUBCLASS = """
+import torch
+from torch import nn
+import tx_helpers as tx
+class InterviewMultiHeadAttention(tx.MultiHeadAttention):
+    pass
+"""
+BORROWED = """
+import torch
+from torch import nn
+import tx_helpers as tx
+class InterviewMultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.inner = tx.MultiHeadAttention(d_model, n_heads, dropout)
+        self.w_q, self.w_k = self.inner.w_q, self.inner.w_k
+        self.w_v, self.w_o = self.inner.w_v, self.inner.w_o
+    def forward(self, query, key, value, mask=None):
+        return self.inner(query, key, value, mask)
+"""
+# the notebook's own call (cell 8): the dropout probe and the (L, L) mask are on
+NB11_OPTIONS = {"core_included": True, "lookahead_mask": True, "train_mode": True}
+
+
+def _exec(source: str) -> type:
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - the learner's cell
+    return namespace["InterviewMultiHeadAttention"]
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("source", [SUBCLASS, BORROWED], ids=["subclass", "wrapper"])
+def test_the_check_and_the_mark_agree_on_tx_multi_head_attention(source):
+    """A cold reader's `class X(tx.MultiHeadAttention): pass` passed the check but was marked 0."""
+    cls = _exec(source)
+    result = g.check_multi_head_attention(cls, verbose=False, **NB11_OPTIONS)
+    mark = g.mark_exercise("InterviewMultiHeadAttention", cls, points=2, verbose=False,
+                           **NB11_OPTIONS)
+    assert not result.passed and "attention core itself (not credited" in result.report
+    assert mark.score == 0 and mark.delegated, mark.lines
+
+
+DROPOUT_VARIANTS = {  # where the learner's dropout acts -> the mistake key (None: correct)
+    "on the weights, a different name and layout": ("self.drop(w)", None),
+    "missing": ("w", "attn_dropout_unused"),
+    "on the scores, before the softmax": ("self.drop(s).softmax(-1)",
+                                          "attn_dropout_before_softmax"),
+}
+
+
+def _dropout_cell(weights_line: str) -> type:
+    core = ("(lambda s: (lambda w: WEIGHTS @ v)(s.softmax(-1)))("
+            "(torch.einsum('nhqd,nhkd->nhqk', q, k) * self.dk ** -0.5).masked_fill("
+            "torch.zeros(1, dtype=torch.bool) if m is None else m, float('-inf')))")
+    if "softmax" in weights_line:  # dropout before the softmax: the lambda's s is the scores
+        core = core.replace("(lambda w: WEIGHTS @ v)(s.softmax(-1))", "WEIGHTS @ v")
+    return _exec(HEAD.replace("CORE", core.replace("WEIGHTS", weights_line)))
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("where", list(DROPOUT_VARIANTS))
+def test_the_timed_exercise_checks_dropout(where):
+    cls = _dropout_cell(DROPOUT_VARIANTS[where][0])
+    key = DROPOUT_VARIANTS[where][1]
+    result = g.check_multi_head_attention(cls, verbose=False, **NB11_OPTIONS)
+    if key is None:
+        assert result.passed, result.report
+    else:
+        assert not result.passed and key in result.mistakes, result.report
