@@ -47,15 +47,16 @@ def _layer(x, steps, norm_first, kinds):
     """Run (sublayer, norm) steps, dropout placed at step i as ``kinds[i]`` says."""
     for (fn, norm), kind in zip(steps, kinds, strict=True):
         if norm_first:
-            s = fn(_drop(norm(x)) if kind == "on_input" else norm(x))
+            s = fn(_drop(norm(x)) if kind in ("on_input", "after_norm") else norm(x))
             x = {"right": x + _drop(s), "twice": x + _drop(_drop(s)),
                  "after_add": _drop(x + s), "missing": x + s, "on_residual": _drop(x) + s,
-                 "on_input": x + s}[kind]
+                 "on_input": x + s, "after_norm": x + s}[kind]
         else:
             s = fn(_drop(x) if kind == "on_input" else x)
             x = {"right": norm(x + _drop(s)), "twice": norm(x + _drop(_drop(s))),
                  "after_add": norm(_drop(x + s)), "missing": norm(x + s),
-                 "on_residual": norm(_drop(x) + s), "on_input": norm(x + s)}[kind]
+                 "on_residual": norm(_drop(x) + s), "on_input": norm(x + s),
+                 "after_norm": _drop(norm(x + s))}[kind]
     return x
 
 
@@ -90,7 +91,8 @@ def dropout_probe(report: _Report, module, ref, run_mine, parts, x, norm_first) 
                                   ("after_add", "dropout_after_residual"),
                                   ("missing", "residual_dropout_missing"),
                                   ("on_residual", "dropout_on_residual"),
-                                  ("on_input", "dropout_on_sublayer_input")):
+                                  ("on_input", "dropout_on_sublayer_input"),
+                                  ("after_norm", "dropout_after_norm")):
                     placements = [[kind] * n] + [["right"] * i + [kind] + ["right"] * (n - i - 1)
                                                  for i in range(n)]
                     if any(_close(mine, _layer(x, steps, norm_first, p)) for p in placements):

@@ -169,6 +169,11 @@ BLOCKS: dict[str, tuple[str, str]] = {
                             "output",
                             "only the sublayer's output is dropped; the residual stream passes "
                             "untouched"),
+    "dropout_after_norm": ("dropout is applied after the LayerNorm, to the whole normalised "
+                           "stream, so the next sublayer and the residual both see dropped "
+                           "values",
+                           "in Post-LN the sublayer's output is dropped before the residual add, "
+                           "and the norm comes last"),
     "dropout_on_sublayer_input": ("dropout acts on the sublayer's input instead of its output",
                                   "residual dropout acts on what the sublayer returns, not on "
                                   "what it reads"),

@@ -10,7 +10,15 @@ from torch import nn
 from tx_helpers.masks import decoder_self_mask, padding_mask
 from tx_helpers.model import Decoder
 
-from .compare import _as_output, _close, _compare, _deterministic, _instantiate, _randomize_norms
+from .compare import (
+    _as_output,
+    _close,
+    _compare,
+    _deterministic,
+    _instantiate,
+    _randomize_norms,
+    run_with_stand_in_dropout,
+)
 from .report import CheckResult, _call, _Report, _run_check
 from .weights import copy_reference
 
@@ -44,15 +52,45 @@ _AXES = {
 }
 
 
-def _use_reference_layers(report: _Report, module: nn.Module, ref: Decoder) -> None:
+def _use_reference_layers(report: _Report, module: nn.Module, ref: Decoder) -> bool:
     """Put copies of the reference layers into the learner's ``layers``, so that this check
-    grades the stack alone (the layer has its own check)."""
+    grades the stack alone (the layer has its own check). True when it could."""
     layers = getattr(module, "layers", None)
     if isinstance(layers, nn.ModuleList) and len(layers) == len(ref.layers):
         for i, layer in enumerate(ref.layers):
             layers[i] = copy.deepcopy(layer)
         report.note("the check runs your stack on tx.DecoderLayer layers: a bug in your own "
                     "layer is check_decoder_layer's business, not this check's")
+        return True
+    return False
+
+
+def _train_mode_probe(report: _Report, module: nn.Module, ref: Decoder, call) -> None:
+    """Train mode, every nn.Dropout a fixed stand-in: the positional encoding's dropout acts
+    once, on the scaled embeddings plus positions (the layers are the reference's copies)."""
+    text = "train mode: the positional encoding's dropout acts once, as in the reference"
+    outs = []
+    for seed in (1, 2):  # a random dropout outside nn.Dropout would differ between seeds
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            outs.append(run_with_stand_in_dropout(module, lambda: call(module)))
+    (mine, seen, _), (again, _, _) = outs
+    if not _close(mine, again):
+        report.note("in train mode the output is random although every nn.Dropout is a fixed "
+                    "stand-in (F.dropout?): dropout placement not checked")
+        return
+    expected, ref_seen, _ = run_with_stand_in_dropout(ref, lambda: call(ref))
+    if report.probe(_close(mine, expected), text):
+        return
+    if len(seen) > len(ref_seen):
+        report.mistake("pe_dropout_misplaced", f"{len(seen)} dropout calls in one forward, "
+                       f"where the reference makes {len(ref_seen)}: one acts twice")
+    elif len(seen) < len(ref_seen):
+        report.mistake("pe_dropout_unused", "the stack's dropout after the positions is "
+                       "never called in train mode")
+    else:
+        report.mistake("mismatch", "in train mode the output differs from the reference's "
+                       "(dropout after the positions)")
 
 
 def check_decoder(cls, *, norm_first: bool = False, verbose: bool = True) -> CheckResult:
@@ -63,7 +101,8 @@ def check_decoder(cls, *, norm_first: bool = False, verbose: bool = True) -> Che
     The reference is :class:`tx_helpers.Decoder` (Post-LN unless ``norm_first=True``). Its
     layers replace the learner's (when ``layers`` is a ModuleList of the right length), so
     only the stack is graded. Then: a changed last target token must leave the earlier
-    positions alone, and noise at masked memory positions must change nothing.
+    positions alone, noise at masked memory positions must change nothing, and in train
+    mode (every nn.Dropout a fixed stand-in) the positional encoding's dropout acts once.
     """
     vocab, d_model, n_heads, d_ff, n_layers = 29, 32, 4, 64, 2
 
@@ -78,7 +117,7 @@ def check_decoder(cls, *, norm_first: bool = False, verbose: bool = True) -> Che
         ref = Decoder(vocab, d_model, n_heads, d_ff, n_layers, 0.1, 64,
                       norm_first=norm_first).eval()
         _randomize_norms(ref, gen)
-        _use_reference_layers(report, module, ref)
+        replaced = _use_reference_layers(report, module, ref)
         module.eval()
         tgt = torch.tensor([[2, 7, 3, 28, 1], [2, 4, 13, 1, 1]])  # (N, L_tgt=5), padded
         memory = torch.randn(2, 7, d_model, generator=gen)  # (N, L_src=7, d_model)
@@ -119,5 +158,9 @@ def check_decoder(cls, *, norm_first: bool = False, verbose: bool = True) -> Che
         if not report.probe(_close(out, out3), "noise at memory positions hidden by "
                             "memory_mask does not change the output"):
             report.mistake("source_padding_leaks")
+        if replaced and not report.found:
+            _train_mode_probe(report, module, ref, lambda m: _as_output(report, _call(
+                report, "forward in train mode", m, tgt.clone(), memory.clone(),
+                tgt_mask.clone(), memory_mask.clone(), shape_hint=_SHAPES)))
 
     return _run_check("check_decoder", body, verbose, cls)

@@ -88,3 +88,37 @@ def test_discovery_pairs_a_decoder_stack_and_keeps_the_layer_rule():
     found = [label for label, _ in labkit.find_checks(
         {"MyDecoder": Good, "MyDecoderLayer": BrokenLayer}, module=None)]
     assert found == ["check_decoder(MyDecoder)", "check_decoder_layer(MyDecoderLayer)"]
+
+
+class PENoDropout(Good):
+    """The table added by hand: the positional encoding's dropout never runs."""
+
+    def stream(self, tgt, scale=True, pe=True):
+        x = self.embedding(tgt) * math.sqrt(self.d_model)  # (N, L, d_model)
+        return x + tx.sinusoidal_table(x.size(1), self.d_model)
+
+
+class PEDropoutTwice(Good):
+    def stream(self, tgt, scale=True, pe=True):
+        return self.pos_encoding.dropout(super().stream(tgt))
+
+
+class OwnPEFunctionalDropout(Good):
+    """Correct, written differently: its own positions with F.dropout (random in train mode)."""
+
+    def stream(self, tgt, scale=True, pe=True):
+        x = self.embedding(tgt) * math.sqrt(self.d_model)
+        x = x + tx.sinusoidal_table(x.size(1), self.d_model)
+        return nn.functional.dropout(x, self.pos_encoding.dropout.p, self.training)
+
+
+@pytest.mark.parametrize("cls, key", [(PENoDropout, "pe_dropout_unused"),
+                                      (PEDropoutTwice, "pe_dropout_misplaced")])
+def test_train_mode_dropout_mistakes_are_named(cls, key):
+    result = labkit.check_decoder(cls, verbose=False)
+    assert not result.passed and key in result.mistakes, result.report
+
+
+def test_functional_dropout_stack_passes_with_a_note():
+    result = labkit.check_decoder(OwnPEFunctionalDropout, verbose=False)
+    assert result.passed, result.report
