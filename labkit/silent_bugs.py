@@ -1,27 +1,19 @@
 """Notebook 10's lab: three suspects, each with one bug that does not crash, and the checks of
 the learner's fixes.
 
-The suspects come as a colleague's code would: a model, a batch maker and an initialiser that
-run, train and look right. Each bug shows under one measurement that notebook 10 teaches, and
-under none of the others (``tests/test_silent_bugs.py`` runs them all):
-
-- :func:`suspect_model`: a ``tx.Transformer`` whose cross-attention applies its mask after
-  the softmax (self-attention is right): appending pads to the source changes the outputs;
-- :func:`suspect_batches`: reverse-task batches whose labels are not shifted against the
-  decoder input: after a short run the teacher-forced accuracy is near 1 while free-running
-  generation stays poor;
-- :func:`suspect_init`: an initialiser that leaves the embedding tables with standard
-  deviation 1: the attention entropy at initialisation collapses.
-
-:func:`suspect` wraps each in a :class:`Pipeline` (a model builder and a batch maker), so the
-kind of a suspect does not say which measurement to run; ``suspect("control", config)`` is a
-correct pipeline to compare the readings with. The learner's own measurement is checked by
-:func:`labkit.leak_map.check_leak_map`.
-The fixes: :func:`check_repaired_weights` (A's weights made right without rewriting its core),
-:func:`check_shift_targets` and :func:`check_init_embeddings`.
+The suspects come as a colleague's code would: pipelines for the reverse task whose model, batch
+maker and initialiser run, train and look right. Which suspect has which bug is the lab's
+question, so this module does not say it: :func:`suspect` gives each as a :class:`Pipeline`
+(a model builder and a batch maker); ``suspect("control", config)`` is a correct pipeline to
+compare the readings with. :func:`is_exposed_by` grades the learner's answer against a stored
+digest (``tests/test_silent_bugs.py`` re-measures every suspect under every measurement).
+The learner's own measurement is checked by :func:`labkit.leak_map.check_leak_map`; the
+fixes by :func:`check_repaired_weights`, :func:`check_shift_targets` and
+:func:`check_init_embeddings`.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from unittest import mock
 
@@ -35,9 +27,24 @@ from tx_helpers.model import Transformer
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 
-#: the measurement that exposes each suspect (the lab's graded answers; the test re-measures)
-EXPOSED_BY = {"A": "pads", "B": "gap", "C": "entropy"}
 MEASUREMENTS = ("future", "pads", "gap", "entropy")
+#: sha256 of "<suspect>:<measurement>" for the measurement that exposes each suspect: the graded
+#: answers, stored so that reading this file does not give them away
+_EXPOSED_SHA256 = {
+    "A": "edfeff80ecbd50b7ad4b2d3297c978f9ea3f22e04b8743aa3d21c93bd4272fd4",
+    "B": "2a21048d1ad17f175dd0f5ddcba7254aa74072c2437198cb51a8fab544dbb3fd",
+    "C": "d5863d0b09e70df121dcc64cc98509d23dece56115192ef90f61606c070766b7",
+}
+
+
+def is_exposed_by(name: str, answer) -> bool:
+    """True when ``answer`` (one of :data:`MEASUREMENTS`, any case) exposes suspect ``name``."""
+    if name not in _EXPOSED_SHA256:
+        raise ValueError(f"name must be one of {sorted(_EXPOSED_SHA256)}, got {name!r}")
+    if not isinstance(answer, str):
+        return False
+    text = f"{name}:{answer.strip().strip(chr(34) + chr(39)).lower()}"
+    return hashlib.sha256(text.encode()).hexdigest() == _EXPOSED_SHA256[name]
 
 MISTAKES.update({
     "shift_unshifted": (
@@ -65,7 +72,7 @@ MISTAKES.update({
 })
 
 
-# ---------------------------------------------------------------- suspect A: the model
+# ---------------------------------------------------------------- a colleague's model
 
 def _late_mask_core(q, k, v, mask=None, dropout=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., L_q, L_k)
@@ -86,7 +93,7 @@ class _ColleagueCrossAttention(MultiHeadAttention):
 
 
 def suspect_model(config, seed: int = 0) -> Transformer:
-    """Suspect A: a ``tx.Transformer(config)`` built under ``seed`` by a colleague."""
+    """A colleague's ``tx.Transformer(config)``, built under ``seed``."""
     torch.manual_seed(seed)
     model = Transformer(config)
     for layer in model.decoder.layers:
@@ -94,7 +101,7 @@ def suspect_model(config, seed: int = 0) -> Transformer:
     return model
 
 
-# ---------------------------------------------------------------- suspect B: the batches
+# ---------------------------------------------------------------- a colleague's batches
 
 _SLICES = {"tgt_in": slice(0, -1), "tgt_out": slice(0, -1)}  # the colleague's config
 
@@ -112,18 +119,18 @@ def _reverse_targets(n_batches: int, batch_size: int, seed: int, vocab: int, len
 
 def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
                     length: int = 8, bos: int = 1, eos: int = 2):
-    """Suspect B: reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
+    """Reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
     for src, tgt in _reverse_targets(n_batches, batch_size, seed, vocab, length, bos, eos):
         yield src, tgt[:, _SLICES["tgt_in"]], tgt[:, _SLICES["tgt_out"]]  # (N, L + 1) each
 
 
-# ---------------------------------------------------------------- suspect C: the initialiser
+# ---------------------------------------------------------------- a colleague's initialiser
 
 _INIT = {"matrices": "xavier", "embeddings": "normal"}  # the colleague's config
 
 
 def suspect_init(model: Transformer) -> Transformer:
-    """Suspect C: a colleague's re-initialisation of ``model`` (in place; returns it)."""
+    """A colleague's re-initialisation of ``model`` (in place; returns it)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() < 2:
@@ -182,10 +189,10 @@ def suspect(name: str, config) -> Pipeline:
 # ---------------------------------------------------------------- checks of the fixes
 
 def check_repaired_weights(fn, *, verbose: bool = True) -> CheckResult:
-    """Check ``fn(weights, mask) -> weights``: suspect A's weights (a softmax over every key,
-    then the masked keys set to 0) turned into the weights a correct masked attention gives
-    (``tx.scaled_dot_product_attention``): 0 where ``mask`` is True, each row with a visible
-    key summing to 1, a row with no visible key uniform over the keys (the finite fill)."""
+    """Check ``fn(weights, mask) -> weights``: the weights the padding test's suspect returns,
+    turned into the weights a correct masked attention gives (``tx.scaled_dot_product_attention``):
+    0 where ``mask`` is True, each row with a visible key summing to 1, a row with no visible key
+    uniform over the keys (the finite fill)."""
 
     def body(report: _Report):
         gen = torch.Generator().manual_seed(3)
@@ -271,7 +278,8 @@ def _entropy(model, src) -> float:
 
 
 def check_init_embeddings(fn, *, config=None, verbose: bool = True) -> CheckResult:
-    """Check ``fn(model)``: re-initialise the two embedding tables with a width-dependent scale."""
+    """Check ``fn(model)``: the two embedding tables re-initialised to a standard deviation
+    within a factor of 2 of ``d_model ** -0.5`` (10% more for a sample's noise), nothing else."""
     from tx_helpers.config import ModelConfig
 
     config = config or ModelConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, n_heads=4,
@@ -290,9 +298,9 @@ def check_init_embeddings(fn, *, config=None, verbose: bool = True) -> CheckResu
                   if n not in tables and not torch.equal(p, start[n])]
         stds = {n: p.std().item() for n, p in model.named_parameters() if n in tables}
         want = config.d_model ** -0.5
-        good = all(0.4 * want <= s <= 2.5 * want for s in stds.values())
-        if not report.probe(good, f"both embedding tables have a standard deviation near "
-                            f"d_model^-0.5 = {want:.2f}"):
+        good = all(0.45 * want <= s <= 2.2 * want for s in stds.values())
+        if not report.probe(good, f"both embedding tables have a standard deviation within a "
+                            f"factor of 2 of d_model^-0.5 = {want:.2f}"):
             unit = any(s > 0.6 for s in stds.values())
             report.mistake("init_embeddings_unit" if unit else "init_embeddings_other",
                            ", ".join(f"{n}: {s:.2f}" for n, s in sorted(stds.items())))

@@ -2,6 +2,7 @@
 the checks of the fixes pass correct code and name the usual mistakes."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 
@@ -71,6 +72,30 @@ def gap(batches, steps=60):
     return forced > 0.9 and free < forced - 0.3
 
 
+def graded(name):
+    """The one measurement that is_exposed_by accepts for suspect ``name``."""
+    (answer,) = [m for m in sb.MEASUREMENTS if sb.is_exposed_by(name, m)]
+    return answer
+
+
+def test_the_graded_answer_reads_any_case_and_quotes_and_refuses_the_rest():
+    assert sb.is_exposed_by("A", ' "PADS" ') and not sb.is_exposed_by("A", ...)
+    assert not sb.is_exposed_by("B", "pads") and not sb.is_exposed_by("C", "gap")
+    with pytest.raises(ValueError, match="name must be one of"):
+        sb.is_exposed_by("D", "pads")
+
+
+def test_what_help_shows_does_not_name_the_bugs():
+    # the handout ships labkit: help(silent_bugs) must not answer the lab's questions
+    assert not hasattr(sb, "EXPOSED_BY")
+    docs = [sb.__doc__] + [inspect.getdoc(obj) or "" for name, obj in vars(sb).items()
+                           if not name.startswith("_") and callable(obj)
+                           and getattr(obj, "__module__", "") == sb.__name__]
+    for text in docs:
+        for clue in ("softmax", "not shifted", "same slice", "standard deviation 1", "cross-att"):
+            assert clue not in text, (clue, text[:80])
+
+
 def test_suspect_a_is_exposed_by_the_pads_only():
     model = sb.suspect_model(config()).eval()
     torch.manual_seed(0)
@@ -78,14 +103,14 @@ def test_suspect_a_is_exposed_by_the_pads_only():
     assert pads_change(model) and not pads_change(clean)
     assert not sees_future(model)
     assert entropy(model) == pytest.approx(entropy(clean))
-    assert sb.EXPOSED_BY["A"] == "pads"
+    assert graded("A") == "pads"
 
 
 def test_suspect_b_is_exposed_by_the_teacher_forced_gap_only():
     assert gap(sb.suspect_batches(60)) and not gap(good_batches(60))
     src, tgt_in, tgt_out = next(sb.suspect_batches(1))
     assert src.shape == (32, L) and tgt_in.shape == tgt_out.shape == (32, L + 1)
-    assert sb.EXPOSED_BY["B"] == "gap"
+    assert graded("B") == "gap"
 
 
 def test_suspect_c_is_exposed_by_the_entropy_only():
@@ -94,8 +119,7 @@ def test_suspect_c_is_exposed_by_the_entropy_only():
     model = sb.suspect_init(tx.Transformer(config())).eval()
     assert entropy(model) < 0.75 * entropy(clean)
     assert not pads_change(model) and not sees_future(model)
-    assert sb.EXPOSED_BY["C"] == "entropy"
-    assert set(sb.EXPOSED_BY.values()) < set(sb.MEASUREMENTS)
+    assert graded("C") == "entropy"
 
 
 def test_the_late_mask_core_is_named_by_check_attention():
@@ -151,6 +175,16 @@ def test_the_stated_contract_passes_at_its_edges(factor):
 
     result = labkit.check_init_embeddings(scaled, verbose=False)
     assert result.passed, result.report
+
+
+@pytest.mark.parametrize("factor", [0.35, 2.6])
+def test_beyond_a_factor_of_2_and_its_margin_fails(factor):
+    def scaled(model):
+        for emb in (model.encoder.embedding, model.decoder.embedding):
+            torch.nn.init.normal_(emb.weight, std=factor * emb.embedding_dim ** -0.5)
+
+    result = labkit.check_init_embeddings(scaled, verbose=False)
+    assert not result.passed and "init_embeddings_other" in result.mistakes, result.report
 
 
 def test_one_over_d_model_is_outside_the_contract():
