@@ -167,16 +167,21 @@ def _localise(report: _Report, trace: DecodeTrace, out, model, src) -> None:
 
 
 def _isolating_runs(report: _Report, fn, model, expected) -> None:
-    """Two more runs that change nothing for a correct loop: every logit lowered by 10 (the
-    argmax is the same; PAD and BOS excluded with a 0 would now win) and the rows in the order
-    they finish (the first row finishing first; a loop stopping on row 0 now stops early)."""
+    """Runs that change nothing for a correct loop: every logit lowered by 10 (the argmax is
+    the same; PAD and BOS excluded with a 0 would now win), the rows in the order they finish
+    (a loop stopping on row 0 now stops early), and EOS raised so every row ends before
+    max_len (a loop that never stops early returns all-PAD columns: ``decode_no_early_stop``)."""
     finish = [int(row.tolist().index(EOS)) if EOS in row.tolist() else row.numel()
               for row in expected]
     order = torch.tensor(sorted(range(len(finish)), key=finish.__getitem__))
+    early = torch.zeros(model.generator.bias.shape)
+    early[EOS] = 1.5  # every row now ends within two steps, well before max_len
     for what, src, shift in (("with every logit lowered by 10 (the same argmax) the ids match "
                               "too", _SRC, -10.0),
                              ("with the rows in the order they finish the ids match too",
-                              _SRC[order], 0.0)):
+                              _SRC[order], 0.0),
+                             ("with every row ending before max_len the loop stops there too",
+                              _SRC, early)):
         model.eval()
         trace = DecodeTrace(model)
         with torch.no_grad():
@@ -192,6 +197,11 @@ def _isolating_runs(report: _Report, fn, model, expected) -> None:
             with torch.no_grad():
                 model.generator.bias.sub_(shift)
         out = _as_output(report, out, "the generated ids").long()
+        if isinstance(shift, torch.Tensor) and out.shape != want.shape and _trim(out).shape == \
+                want.shape and torch.equal(_trim(out), want):
+            report.probe(False, f"{what}: {tuple(want.shape)}, got {tuple(out.shape)}")
+            report.mistake("decode_no_early_stop")
+            return
         if not _compare(report, what, _trim(out), want):
             _localise(report, trace, out, model, src)
             return

@@ -8,6 +8,8 @@ mean of ``-(q * log_softmax(logits)).sum(-1)`` over the remaining positions.
 """
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,6 +66,34 @@ _LS_AXES = {
 }
 
 
+class _BuiltinSmoothing(RuntimeError):
+    """Raised by the patched cross-entropy when it is asked to smooth."""
+
+
+def _no_builtin_smoothing(real):
+    """F.cross_entropy that refuses label_smoothing > 0 (plain cross-entropy still works)."""
+    def cross_entropy(*args, **kwargs):
+        if float(kwargs.get("label_smoothing", args[7] if len(args) > 7 else 0.0)) > 0:
+            raise _BuiltinSmoothing("label_smoothing")
+        return real(*args, **kwargs)
+    return cross_entropy
+
+
+def _builds_target(report: _Report, fn, logits, target, eps, pad) -> None:
+    """The exercise is to build the smoothed target: rerun fn with the built-in one refused."""
+    try:
+        with mock.patch.object(F, "cross_entropy", _no_builtin_smoothing(F.cross_entropy)):
+            fn(logits, target, eps, pad)
+        used = False
+    except _BuiltinSmoothing:
+        used = True
+    except Exception:  # noqa: BLE001 - any other failure was reported by the first call
+        used = False
+    if not report.probe(not used, "the smoothed target is built here, not taken from "
+                        "PyTorch's label_smoothing argument"):
+        report.mistake("ls_builtin_smoothing")
+
+
 def check_label_smoothing(fn, *, verbose: bool = True) -> CheckResult:
     """Check ``fn(logits, target, eps, pad_idx) -> loss``, a label-smoothed cross-entropy.
 
@@ -71,7 +101,8 @@ def check_label_smoothing(fn, *, verbose: bool = True) -> CheckResult:
     ``nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_idx)(logits, target)``: eps
     spread over all V classes, pad labels ignored, the mean over non-pad positions. Probes: a
     batch with pad labels (eps = 0.2, pad_idx = 1), the loss floor (logits = log q give the
-    entropy of q, not 0), a large logit gap (log(softmax) underflows there), and a gradient.
+    entropy of q, not 0), a large logit gap (log(softmax) underflows there), a gradient, and a
+    rerun with PyTorch's own ``label_smoothing`` refused (the exercise is to build the target).
     When the loss differs and no known variant explains it,
     :func:`.localize_loss.localise_smoothing` names the part: what the loss is averaged over,
     or how the target is built (read from the gradient at one position).
@@ -114,6 +145,8 @@ def check_label_smoothing(fn, *, verbose: bool = True) -> CheckResult:
             if not report.only_mismatch():
                 report.found.pop("mismatch", None)
                 raise _Failed
+        if main_ok:
+            _builds_target(report, fn, logits.detach(), target, eps, pad)
         # a second eps: the argument is used
         if main_ok:
             out2 = run(report, logits.detach(), target, "fn(..., eps=0.05, pad_idx=1)", 0.05)

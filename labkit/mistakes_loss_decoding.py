@@ -53,6 +53,10 @@ LOSS_AND_DECODING: dict[str, tuple[str, str]] = {
                           "and log(0) = -inf",
                           "the log of a softmax that underflowed is minus infinity; look up the "
                           "numerically stable log-softmax"),
+    "ls_builtin_smoothing": ("the loss hands eps to PyTorch's own label smoothing instead of "
+                             "building the smoothed target, which is the exercise",
+                             "build the smoothed target distribution yourself from the one-hot "
+                             "label and a uniform share; the plain cross-entropy may help"),
     "ls_pad_keep_inverted": ("only the pad positions are averaged: the condition that keeps "
                              "positions is inverted, so a batch without padding gives NaN",
                              "the positions that count are those whose label is not the pad "
@@ -103,6 +107,10 @@ LOSS_AND_DECODING: dict[str, tuple[str, str]] = {
                        "random",
                        "decoding is inference: dropout must be off while it runs, and the model's "
                        "mode given back afterwards"),
+    "decode_no_early_stop": ("the loop always runs max_len steps: once every row has "
+                             "produced EOS it goes on writing padding columns",
+                             "the batch is done once every row has ended; later steps only "
+                             "add padding"),
     "decode_argmax_wrong_dim": ("the argmax runs over the positions axis instead of the "
                                 "vocabulary",
                                 "the next token is the best entry of the vocabulary axis of the "

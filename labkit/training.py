@@ -71,8 +71,9 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
 
     Three steps from the same start must give the reference's losses, norms and weights. A
     plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
-    The first step is traced (:class:`.localize_loss.StepTrace`): the forward pass must run in
-    train mode, and when the numbers differ the trace names the part: the calls in order,
+    The model is handed over in eval mode (as after an evaluation) and the first step is traced
+    (:class:`.localize_loss.StepTrace`): the forward pass must run in train mode, and when the
+    numbers differ the trace names the part: the calls in order,
     the norm after backward and at the update (clipping after the step, by value), the
     returned loss and norm.
     """
@@ -118,6 +119,7 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
     def body(report: _Report):
         with torch.enable_grad():
             model, optimizer, scheduler, criterion = fresh()
+            model.eval()  # handed over as after an evaluation: the step must switch to train
             returned = []
             legacy = _legacy_order(fn)
             order = "scheduler, criterion" if legacy else "criterion, scheduler"

@@ -281,7 +281,9 @@ def test_gamed_submission_earns_nothing(route):
     name, source = GAMED[route]
     namespace = _cell(source, route)
     mark = g.mark_exercise(name, namespace[name], points=2, verbose=False)
-    assert mark.result.passed, mark.result.report  # the check alone would give full marks
+    # the check alone would give full marks (the smoothing check now refuses PyTorch's own)
+    assert mark.result.passed or mark.result.mistakes == ["ls_builtin_smoothing"], \
+        mark.result.report
     assert mark.score == 0 and not mark.passed and mark.delegated, (route, mark.lines)
     assert any("Not credited" in line for line in mark.lines)
 

@@ -96,6 +96,7 @@ def step_manual_clip(model, batch, optimizer, criterion, scheduler=None, clip_no
 def step_zero_at_end(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
     """Gradients zeroed after the update (ready for the next step)."""
     src, tgt_in, tgt_out = batch
+    model.train(True)
     out = model(src, tgt_in)
     loss = criterion(out.view(-1, out.size(-1)), tgt_out.contiguous().view(-1))
     loss.backward()

@@ -192,7 +192,9 @@ def smoothing_written(logits, target, eps, pad_idx):
 
 def test_builtin_label_smoothing_is_delegation():
     mark = g.mark_exercise("label_smoothing_loss", smoothing_by_builtin, verbose=False)
-    assert mark.result.passed and mark.score == 0 and not mark.passed
+    # the check itself refuses it (ls_builtin_smoothing); the delegation scan names the call
+    assert "ls_builtin_smoothing" in mark.result.mistakes
+    assert mark.score == 0 and not mark.passed
     assert "label_smoothing=" in mark.delegated and "cross_entropy" in mark.delegated
     assert g.find_delegation(SmoothingByModule, "check_label_smoothing")
     written = g.mark_exercise("label_smoothing_loss", smoothing_written, verbose=False)
