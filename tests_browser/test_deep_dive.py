@@ -31,6 +31,7 @@ CELLS = [
 
 CELLS_JS = """
 ([path, count]) => {
+  if (!window.jupyterapp) return null;  // JupyterLab has not started yet: poll again
   for (const w of window.jupyterapp.shell.widgets('main')) {
     if (w.context && w.context.path === path && w.context.isReady
         && w.content.widgets.length === count)
