@@ -30,18 +30,19 @@ MISTAKES.update({
 })
 
 
-class _MaskedTransformer(Transformer):
+def _masked_model(config, visible) -> Transformer:
     """A ``tx.Transformer`` whose default target mask is ``visible(L) -> (L, L)`` inverted: a
-    model with a known leak (or none), for :func:`check_leak_map`."""
+    model with a known leak (or none), for :func:`check_leak_map`. The mask is built inside
+    ``forward`` and kept nowhere on the model, so a map can only be read by running it."""
 
-    def __init__(self, config, visible):
-        super().__init__(config)
-        self._visible = visible
+    class _Masked(Transformer):
+        def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+            if tgt_mask is None:
+                tgt_mask = ~visible(tgt.size(1)).to(tgt.device)  # (L_tgt, L_tgt): True = hide
+            return super().forward(src, tgt, src_mask, tgt_mask)
 
-    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
-        if tgt_mask is None:
-            tgt_mask = ~self._visible(tgt.size(1)).to(tgt.device)  # (L_tgt, L_tgt): True = hide
-        return super().forward(src, tgt, src_mask, tgt_mask)
+    _Masked.__name__ = _Masked.__qualname__ = "Transformer"
+    return _Masked(config)
 
 
 def _visible_within(ahead):
@@ -98,7 +99,7 @@ def check_leak_map(fn, *, verbose: bool = True) -> CheckResult:
             config = ModelConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, n_heads=4,
                                  d_ff=64, n_layers=n_layers, dropout=0.0, pad_idx=0, max_len=32)
             torch.manual_seed(7)
-            model = _MaskedTransformer(config, visible).eval()
+            model = _masked_model(config, visible).eval()
             want = _reach(visible(n), n_layers)  # (L_tgt, L_tgt)
             with torch.enable_grad():  # a map read from gradients is as right as one from changes
                 got = _call(report, f"fn(model, src, tgt_in) on {what}", fn, model, src.clone(),

@@ -58,6 +58,11 @@ MISTAKES.update({
     "shift_wrong_length": (
         "the decoder input and the labels do not both have one position fewer than the target",
         "each of the two drops exactly one token of the full target"),
+    "repair_row_nan": (
+        "the row with no visible key is NaN: its weights are all 0, and dividing by their sum "
+        "is 0 / 0",
+        "a row with no visible key has nothing to renormalise: give it what tx's finite fill "
+        "gives, uniform weights over the keys"),
     "init_embeddings_unit": (
         "the embedding tables still have a standard deviation near 1, so the scaled embeddings "
         "dwarf the positions and the attention saturates at initialisation",
@@ -229,8 +234,7 @@ def check_repaired_weights(fn, *, verbose: bool = True) -> CheckResult:
                         "as tx's finite fill gives"):
             return
         if not bool(torch.isfinite(row).all()):
-            report.mistake("mismatch", "the row with no visible key is NaN: its weights were "
-                           "all 0, and 0 / 0 is NaN")
+            report.mistake("repair_row_nan")
         elif bool((row == 0).all()):
             report.mistake("mask_row_zeroed", "the row with no visible key is all zeros")
         else:

@@ -259,7 +259,9 @@ def test_a_correct_repair_passes(fn):
 
 @pytest.mark.parametrize("fn, key", [
     (lambda w, m: w, "mask_after_softmax"),
-    (lambda w, m: w / w.sum(-1, keepdim=True), "mismatch"),  # 0 / 0 on the row with no key
+    (lambda w, m: w / w.sum(-1, keepdim=True), "repair_row_nan"),  # 0 / 0 on the row with no key
+    (lambda w, m: w.masked_fill(m, 0) / w.masked_fill(m, 0).sum(-1, keepdim=True),
+     "repair_row_nan"),  # a cold reader's try: the same 0 / 0
     (lambda w, m: torch.nan_to_num(w / w.sum(-1, keepdim=True)), "mask_row_zeroed"),
     (lambda w, m: torch.softmax(w, -1), "mismatch"),
     (lambda w, m: w[..., :-1], "wrong_output_shape"),
@@ -360,6 +362,17 @@ def test_a_correct_leak_map_passes(fn):
 def test_each_leak_map_mistake_is_named(fn, key):
     result = labkit.check_leak_map(fn, verbose=False)
     assert not result.passed and key in result.mistakes, result.report
+
+
+def test_a_map_read_from_the_test_models_mask_fails():
+    # a cold reader's spoof: read the check's private mask off the model and compute the reach
+    def spoof(model, src, tgt_in):
+        return leak_map._reach(model._visible(tgt_in.size(1)), len(model.decoder.layers))
+
+    result = labkit.check_leak_map(spoof, verbose=False)
+    assert not result.passed, result.report
+    probe = leak_map._masked_model(config(), leak_map._visible_within(1))
+    assert not any("visible" in name for name in vars(probe))
 
 
 def test_the_leak_map_is_found_by_name():
