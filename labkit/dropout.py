@@ -66,12 +66,14 @@ def _part(module, ref, name):
     return mine if mine is not None else getattr(ref, name)
 
 
-def dropout_probe(report: _Report, module, ref, run_mine, parts, x, norm_first) -> None:
+def dropout_probe(report: _Report, module, ref, run_mine, parts, x, norm_first, *,
+                  unknown_fails: bool = False) -> None:
     """Compare the learner's train-mode output with placements of dropout, under the stand-in.
 
     ``parts``: [(sublayer name, call(sublayer, h), norm name)] in order. The sublayers and
     norms are the learner's own, so only the placement around them is judged. A difference
-    that matches no known placement is only a note: correct code may draw dropout elsewhere.
+    that matches no known placement is only a note (correct code may draw dropout elsewhere),
+    or, with ``unknown_fails``, a failed probe named ``dropout_placement_unknown``.
     """
     module.train()
     ref.train()
@@ -101,6 +103,11 @@ def dropout_probe(report: _Report, module, ref, run_mine, parts, x, norm_first) 
                         report.mistake(key)
                         return
             except Exception:  # noqa: BLE001 - eval mode worked; an odd layout: no verdict
+                return
+            if unknown_fails:
+                report.probe(False, "in train mode, dropout sits where the reference has it "
+                             "(seen through a fixed stand-in for dropout)")
+                report.mistake("dropout_placement_unknown")
                 return
             report.note("in train mode the output differs from the usual dropout placements "
                         "although eval mode matches: check where dropout is applied")

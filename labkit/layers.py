@@ -27,6 +27,12 @@ MISTAKES.update({
         "a LayerNorm runs more than once per forward (the article's Pre-LN snippet calls "
         "norm1 three times, defect 10): the output is the same, the work is not",
         "normalise once into a local name and pass that name to every argument that needs it"),
+    "dropout_placement_unknown": (
+        "in train mode the output matches no dropout placement, although eval mode matches: "
+        "dropout is drawn outside the layer's own dropout modules (for example inside "
+        "another library's layer), or where the reference has none",
+        "each sublayer's output passes the layer's own dropout once, before the residual "
+        "add, and nothing else in the layer is dropped"),
 })
 
 
@@ -165,7 +171,7 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             parts = [("self_attn", lambda a, h: a(h, h, h, mask), "norm1"),
                      ("feed_forward", lambda f, h: f(h), "norm2")]
             dropout_probe(report, module, ref, lambda mod: mod(x.clone(), mask), parts, x,
-                          norm_first)
+                          norm_first, unknown_fails=True)
         if not report.found:
             _norm_calls_probe(report, module, ("norm1", "norm2"),
                               lambda mod: mod(x.clone(), mask))
@@ -252,7 +258,7 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                      ("feed_forward", lambda f, h: f(h), "norm3")]
             dropout_probe(report, module, ref,
                           lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask),
-                          parts, x, norm_first)
+                          parts, x, norm_first, unknown_fails=True)
         if not report.found:
             _norm_calls_probe(report, module, ("norm1", "norm2", "norm3"),
                               lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask))
