@@ -73,6 +73,24 @@ MASK_REFERENCES: dict[str, tuple[str, ...]] = {
     "decoder_fn": ("decoder_self_mask",), "cross_fn": ("cross_mask", "cross_attention_mask"),
 }
 
+# PyTorch's own implementations that are a whole exercise in one call, by the reference they
+# stand in for: Python functions and methods (watched by code object), and words in the names of
+# C functions and ATen operators (torch.ops.aten...) that are the same computation.
+TORCH_ROUTES: dict[str, tuple[tuple, tuple[str, ...]]] = {
+    "scaled_dot_product_attention": ((), ("scaled_dot_product", "flash_attention",
+                                          "efficient_attention", "cudnn_attention")),
+    "MultiHeadAttention": ((torch.nn.functional.multi_head_attention_forward,
+                            torch.nn.MultiheadAttention.forward), ("multi_head_attention",)),
+    "EncoderLayer": ((torch.nn.TransformerEncoderLayer.forward,), ("transformer_encoder_layer",)),
+    "DecoderLayer": ((torch.nn.TransformerDecoderLayer.forward,), ()),
+    "Decoder": ((torch.nn.TransformerDecoder.forward,), ()),
+    "Transformer": ((torch.nn.Transformer.forward,), ()),
+}
+# the C entry of PyTorch's cross-entropy, called straight from the learner's code: its smoothing
+# argument cannot be seen from a profile hook, and plain cross-entropy goes through F.cross_entropy
+_CE_ENTRY = "cross_entropy_loss"
+_OP_CALLS = {torch._ops.OpOverloadPacket.__call__.__code__, torch._ops.OpOverload.__call__.__code__}
+
 _TX_DIR = os.path.dirname(os.path.abspath(tx_helpers.__file__)) + os.sep
 _KIT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _PASS_THROUGH = (_TX_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -195,16 +213,16 @@ class watch_references:
         self._kit_refs = _kit_references()  # watched for every check, with or without tx refs
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
-        # PyTorch's fused attention is the whole of the attention exercise in one call
-        self._sdpa = (torch.nn.functional.scaled_dot_product_attention
-                      if "scaled_dot_product_attention" in names else None)
+        routes = [TORCH_ROUTES[n] for n in sorted(names) if n in TORCH_ROUTES]
+        self._torch_codes = {f.__code__: f.__qualname__ for fns, _ in routes for f in fns}
+        self._torch_words = tuple(w for _, words in routes for w in words)
         self._previous = None
 
     def __enter__(self):
         self._previous = sys.getprofile()
         self._previous_threads = threading.getprofile()
         self._active = bool(self._codes or self._kit_refs or self._smoothing
-                            or self._sdpa is not None)
+                            or self._torch_codes or self._torch_words)
         if self._active:
             sys.setprofile(self._hook)
             threading.setprofile(self._hook)  # a thread the learner's code starts is watched too
@@ -225,14 +243,18 @@ class watch_references:
     def _hook(self, frame, event, arg):
         if self._previous is not None:  # an outer watch sees every call too
             self._previous(frame, event, arg)
-        if event == "c_call" and self._sdpa is not None and arg is self._sdpa:
-            if self._learner_caller(frame, start=frame):
-                self._add("it calls PyTorch's scaled_dot_product_attention, the whole of the "
-                          "attention exercise in one call")
+        if event == "c_call":
+            self._c_call(frame, getattr(arg, "__name__", ""))
             return
         if event != "call":
             return
         code = frame.f_code
+        if code in self._torch_codes or (code in _OP_CALLS and self._torch_words):
+            name = self._torch_codes.get(code) or str(frame.f_locals.get("self"))
+            if ((code in self._torch_codes or any(w in name for w in self._torch_words))
+                    and self._learner_caller(frame)):
+                self._add_torch(name)
+            return
         if code is self._ce and self._smoothing:
             if frame.f_locals.get("label_smoothing") and self._learner_caller(frame):
                 self._add("it calls PyTorch's cross-entropy with label_smoothing=..., the "
@@ -269,6 +291,18 @@ class watch_references:
                 self._add(f"{owner.__name__} runs tx_helpers' {name}.{code.co_name} (it "
                           f"subclasses or borrows from {name})")
 
+    def _c_call(self, frame, name: str) -> None:
+        """A C function called: PyTorch's fused version of the exercise (from the learner's
+        code, through any torch wrapper), or its cross-entropy entry called straight."""
+        if self._torch_words and any(w in name for w in self._torch_words):
+            if self._learner_caller(frame, start=frame):
+                self._add_torch(name)
+        elif (self._smoothing and name == _CE_ENTRY and self._learner_caller(frame, start=frame)
+              and not os.path.abspath(frame.f_code.co_filename).startswith(_PASS_THROUGH)):
+            self._add("it calls PyTorch's cross-entropy entry (torch._C._nn.cross_entropy_loss) "
+                      "directly, which smooths inside PyTorch: the exercise asks you to build "
+                      "the smoothed loss yourself")
+
     def _learner_caller(self, frame, start=None) -> str | None:
         """The learner's function nearest to ``frame`` on the stack (from ``start``, the
         caller by default), or None if the lab kit called it (torch, tx_helpers and the
@@ -282,6 +316,11 @@ class watch_references:
                 return f"your {caller.f_code.co_name}"
             caller = caller.f_back
         return None
+
+    def _add_torch(self, name: str) -> None:
+        """One sentence for PyTorch's route (an ATen operator also runs as a C function)."""
+        if not any(text.startswith("it calls PyTorch's") for text in self.found):
+            self._add(f"it calls PyTorch's {name}, the whole of this exercise in one call")
 
     def _add(self, text: str) -> None:
         if text not in self.found:

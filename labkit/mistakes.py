@@ -252,6 +252,10 @@ MISTAKES: dict[str, tuple[str, str]] = {
     "residual_wrong": ("the residual add and LayerNorm around a sublayer are not the paper's",
                        "the residual adds the sublayer's own input to its output (Post-LN "
                        "normalises that sum)"),
+    "delegated": ("your code hands this exercise to the reference it rebuilds",
+                  "the grade gives no credit for the reference's work, under any name: build "
+                  "this part from the operations the lesson taught (other exercises' blocks may "
+                  "still be used as parts)"),
     "checker_failed": ("the check itself failed on your code; this says nothing about whether "
                        "your code is right",
                        "compare your output with the tx_helpers version by hand, and tell the "

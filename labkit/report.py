@@ -1,8 +1,10 @@
 """The report a check prints and the CheckResult it returns; running learner code safely."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import textwrap
 import traceback
 from dataclasses import dataclass, field
@@ -204,12 +206,35 @@ def _checker_failed(report: _Report, exc: BaseException) -> None:
     report.mistake("checker_failed")
 
 
+def _watch(name: str, subject, report: _Report):
+    """The watch a check runs under when the learner calls it in their notebook: the same
+    delegation test the grade applies (:class:`labkit.delegation.watch_references`), so a
+    check never says "passed" to work the grade will not credit. None when a grade's own
+    watch is already running (it knows the lab's given methods), for the masks (marked one
+    slot at a time by the grade), and for the reference itself shown to the check (a note)."""
+    from .delegation import _is_tx, reference_names, watch_references
+
+    names = reference_names(name)
+    outer = getattr(sys.getprofile(), "__self__", None)
+    if (not names or name == "check_masks" or not callable(subject)
+            or isinstance(outer, watch_references)):
+        return None
+    if _is_tx(subject):
+        report.note(f"this is tx_helpers' own {_subject(subject)}: the check shown on the "
+                    "reference (a grade gives it no credit as your answer)")
+        return None
+    init = vars(subject).get("__init__") if isinstance(subject, type) else None
+    given = [init.__code__] if hasattr(init, "__code__") else []  # layers the lab builds
+    return watch_references(names, given)
+
+
 def _run_check(name: str, body, verbose: bool, subject=None) -> CheckResult:
     report = _Report(name, verbose, _subject(subject) if subject is not None else "")
+    watch = _watch(name, subject, report)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: extra threads only add contention
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), watch or contextlib.nullcontext():
             torch.manual_seed(0)
             try:
                 with torch.no_grad():
@@ -223,6 +248,9 @@ def _run_check(name: str, body, verbose: bool, subject=None) -> CheckResult:
                     _checker_failed(report, exc)
     finally:
         torch.set_num_threads(threads)
+    if watch is not None and watch.found:
+        report.probe(False, "the work is your code's own, not the reference's")
+        report.mistake("delegated", "; ".join(watch.found))
     return report.finish()
 
 

@@ -348,3 +348,96 @@ def test_a_given_method_that_calls_tx_is_not_the_learners_delegation():
                   "forward delegates")["MyPositionalEncoding"]
     mark = g.mark_exercise("MyPositionalEncoding", gamed, verbose=False, methods=["forward"])
     assert mark.score == 0 and "forward" in mark.delegated, mark.lines
+
+
+# PyTorch's own whole-exercise routes: the check may fail on them too, the mark is 0 either way
+TORCH_GAMED = {
+    "an ATen attention operator": ("attention", """
+import torch
+def attention(q, k, v, mask=None):
+    out, weights = torch.ops.aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask=None if mask is None else ~mask)
+    return out, weights
+"""),
+    "PyTorch's multi-head attention function": ("MultiHeadAttention", """
+import torch
+import torch.nn.functional as F
+from torch import nn
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.h, self.p = n_heads, dropout
+        self.w_q, self.w_k = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.w_v, self.w_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+    def forward(self, query, key, value, mask=None):
+        n, l_q, l_k = query.size(0), query.size(1), key.size(1)
+        blocked = None if mask is None else mask.expand(n, l_q, l_k).repeat_interleave(self.h, 0)
+        out, _ = F.multi_head_attention_forward(
+            query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+            self.w_q.in_features, self.h, None,
+            torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias]), None, None, False, self.p,
+            self.w_o.weight, self.w_o.bias, training=self.training, attn_mask=blocked,
+            use_separate_proj_weight=True, q_proj_weight=self.w_q.weight,
+            k_proj_weight=self.w_k.weight, v_proj_weight=self.w_v.weight, need_weights=False)
+        return out.transpose(0, 1)  # (N, L_q, d_model)
+"""),
+    "PyTorch's cross-entropy entry with its smoothing": ("smoothed_loss", """
+import torch
+def smoothed_loss(logits, target, eps, pad_idx):
+    return torch._C._nn.cross_entropy_loss(logits, target, None, 1, pad_idx, eps)
+"""),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("route", list(TORCH_GAMED))
+def test_pytorchs_own_version_of_the_exercise_earns_nothing(route):
+    name, source = TORCH_GAMED[route]
+    mark = g.mark_exercise(name, _cell(source, route)[name], points=2, verbose=False)
+    assert mark.score == 0 and "PyTorch's" in (mark.delegated or ""), (route, mark.lines)
+
+
+@pytest.mark.parametrize("names, layer, args", [
+    ({"EncoderLayer"}, "TransformerEncoderLayer", 1),
+    ({"DecoderLayer"}, "TransformerDecoderLayer", 2)])
+def test_pytorchs_transformer_layer_inside_a_forward_is_delegation(names, layer, args):
+    import torch
+
+    from labkit.delegation import watch_references
+
+    def forward(x):  # the learner's forward, building PyTorch's layer on the spot
+        return getattr(torch.nn, layer)(16, 2, 32, 0.0, batch_first=True)(*[x] * args)
+
+    with watch_references(names) as watch:
+        forward(torch.randn(2, 3, 16))
+    assert watch.found == [f"it calls PyTorch's {layer}.forward, the whole of this exercise "
+                           "in one call"]
+    with watch_references({"FeedForward"}) as other:  # another exercise: a part, not watched
+        forward(torch.randn(2, 3, 16))
+    assert other.found == []
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_check_run_in_the_notebook_says_what_the_grade_will_say():
+    """Called directly, a check fails delegation as the grade does; the reference itself shown
+    to the check passes with a note; a given __init__ that uses tx is not the learner's."""
+    import tx_helpers as tx
+
+    wrapper = _cell(GAMED["module alias"][1], "in-notebook")["padding_mask"]
+    assert g.check_masks(padding_fn=wrapper, verbose=False).passed  # masks: graded per slot
+    attention = _cell("import tx_helpers.attention as A\n"
+                      "def attention(q, k, v, mask=None, dropout=None):\n"
+                      "    return A.scaled_dot_product_attention(q, k, v, mask, dropout)\n",
+                      "in-notebook")["attention"]
+    result = g.check_attention(attention, verbose=False)
+    assert not result.passed and result.mistakes == ["delegated"], result.report
+    assert "your attention calls tx_helpers' scaled_dot_product_attention" in " ".join(
+        result.messages)
+    shown = g.check_attention(tx.scaled_dot_product_attention, verbose=False)
+    assert shown.passed and "tx_helpers' own scaled_dot_product_attention" in shown.report
+    own = _cell(GIVEN_INIT.format(forward="return self.dropout(x + self.pe[: x.size(1)])"),
+                "given __init__")["MyPositionalEncoding"]
+    assert g.check_positional_encoding(own, verbose=False).passed
+    gamed = _cell(GIVEN_INIT.format(forward="return tx.PositionalEncoding.forward(self, x)"),
+                  "forward delegates")["MyPositionalEncoding"]
+    assert "delegated" in g.check_positional_encoding(gamed, verbose=False).mistakes
