@@ -8,7 +8,9 @@ no memory), and its total equals ``tx.count_parameters``. On a mismatch the chec
 learner's counts with those of the usual mistakes, alone and in pairs, on every probe config:
 biases forgotten, a LayerNorm without its shift, the final norms or the decoder's cross-attention
 left out, a tied table counted more than once, the positional table (a buffer) counted, d_ff
-taken as 4 d_model. Building a ``tx`` model inside the function is reported as such.
+taken as 4 d_model. Building any ``nn.Module`` (a tx block, ``nn.Transformer``, an ``nn.Linear``)
+or calling ``tx.count_parameters`` inside the function fails (``param_built_model``), and so does
+calling the kit's own reference (``_formula``, ``_references``: ``delegated``).
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ from dataclasses import replace
 import torch
 
 import tx_helpers
-from tx_helpers import attention as tx_attention
-from tx_helpers import introspection, layers, model, positional
+from tx_helpers import introspection, model
 from tx_helpers.config import ModelConfig
 
+from .delegation import watch_references
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
@@ -50,8 +52,10 @@ MISTAKES.update({
     "param_group_wrong": ("some groups differ from the built model's counts",
                           "count each group's matrices and vectors from the shapes of "
                           "notebook 01's printed model, one sub-layer at a time"),
-    "param_built_model": ("the counts come from a tx model built inside the function",
-                          "the exercise asks for the counts from the config's sizes alone"),
+    "param_built_model": ("the counts come from a model or module built inside the function "
+                          "(or from tx.count_parameters)",
+                          "the exercise asks for the counts from the config's sizes alone: "
+                          "multiply the shapes of each block, build nothing"),
 })
 
 # (label, config): sizes all different, a tied model, and d_ff != 4 d_model.
@@ -169,31 +173,42 @@ def _as_counts(report: _Report, got, label: str) -> dict[str, int]:
 
 
 class _Built(BaseException):
-    """Raised by a tx constructor while the learner's function runs."""
+    """Raised when a module is built (or tx.count_parameters called) while fn runs."""
 
 
-def _forbid_tx_models():
-    """Swap the tx building blocks (and tx.count_parameters) for ones that raise _Built."""
-    classes = (model.Transformer, model.Encoder, model.Decoder, layers.EncoderLayer,
-               layers.DecoderLayer, layers.FeedForward, tx_attention.MultiHeadAttention,
-               positional.PositionalEncoding)
-    saved = [(cls, cls.__init__) for cls in classes]
-    counters = [(mod, mod.count_parameters) for mod in (tx_helpers, introspection)]
+def _forbid_models():
+    """Refuse building any ``nn.Module`` (and ``tx.count_parameters``) until ``restore()``
+    runs; returns ``(restore, refused)``, a list that is non-empty once anything was refused.
+
+    Two locks: ``nn.Module.__init__`` raises, and so do PyTorch's global hooks for a parameter,
+    buffer or sub-module registered on any module; a constructor restored by the learner's code
+    (``cls.__init__ = saved``) still registers its parameters, so it is still caught. A refusal
+    the learner's code swallows is remembered."""
+    from torch.nn.modules import module as torch_module
+
+    refused: list[bool] = []
 
     def refuse(*args, **kwargs):
+        refused.append(True)
         raise _Built
 
-    for cls, _ in saved:
-        cls.__init__ = refuse
+    init = torch.nn.Module.__init__
+    counters = [(mod, mod.count_parameters) for mod in (tx_helpers, introspection)]
+    torch.nn.Module.__init__ = refuse
     for mod, _ in counters:
         mod.count_parameters = refuse
+    handles = [register(refuse) for register in (
+        torch_module.register_module_parameter_registration_hook,
+        torch_module.register_module_buffer_registration_hook,
+        torch_module.register_module_module_registration_hook)]
 
-    def restore():
-        for cls, init in saved:
-            cls.__init__ = init
+    def restore() -> None:
+        torch.nn.Module.__init__ = init
         for mod, fn in counters:
             mod.count_parameters = fn
-    return restore
+        for handle in handles:
+            handle.remove()
+    return restore, refused
 
 
 def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
@@ -205,21 +220,32 @@ def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
     in pairs) on every config.
     """
     def body(report: _Report):
-        refs = _references()
+        refs = list(_references())
         got_all = []
-        restore = _forbid_tx_models()
+        _REFS.clear()  # the cached answers are out of reach while fn runs
+        restore, refused = _forbid_models()
+        watch = watch_references(set())  # the kit's own _formula and _references
         try:
-            for label, c, _ in refs:
-                try:
-                    got = _call(report, f"fn({label})", fn, replace(c))
-                except _Built:
-                    report.probe(False, f"fn({label}) counts from the config's sizes")
-                    report.mistake("param_built_model", "it built a tx module or called "
-                                   "tx.count_parameters")
-                    raise _Failed from None
-                got_all.append(_as_counts(report, got, label))
+            with watch:
+                for label, c, _ in refs:
+                    try:
+                        got = _call(report, f"fn({label})", fn, replace(c))
+                    except (_Built, _Failed):
+                        if not refused:
+                            raise
+                    if refused:
+                        report.probe(False, f"fn({label}) counts from the config's sizes")
+                        report.mistake("param_built_model")
+                        raise _Failed
+                    got_all.append(_as_counts(report, got, label))
         finally:
             restore()
+            _REFS[:] = refs
+            if watch.found:
+                report.mistake("delegated", "; ".join(watch.found))
+        if watch.found:
+            report.probe(False, "fn counts without the lab kit's own reference")
+            raise _Failed
         for (label, _, ref), got in zip(refs, got_all, strict=True):
             report.probe(got == ref, f"counts for {label} match tx.Transformer "
                          f"(total {sum(ref.values()):,} = tx.count_parameters)")

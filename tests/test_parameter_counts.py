@@ -1,6 +1,8 @@
 """check_parameter_counts (notebook 01's lab): correct counters pass, usual mistakes are named."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -16,18 +18,16 @@ def quiet(fn):
 
 
 def by_modules(config):
-    """An independent counter: torch's own modules on the meta device, one per block."""
-    def n(*modules):
-        return sum(p.numel() for m in modules for p in m.parameters())
+    """An independent counter: the shapes of each block's tensors, multiplied out."""
+    def n(*shapes):
+        return sum(math.prod(shape) for shape in shapes)
 
     d, f = config.d_model, config.d_ff
-    with torch.device("meta"):
-        attn = n(*(nn.Linear(d, d) for _ in range(4)))
-        ffn = n(nn.Linear(d, f), nn.Linear(f, d))
-        norm = n(nn.LayerNorm(d))
-        src = n(nn.Embedding(config.src_vocab_size, d))
-        tgt = n(nn.Embedding(config.tgt_vocab_size, d))
-        gen = n(nn.Linear(d, config.tgt_vocab_size))
+    attn = 4 * n((d, d), (d,))  # w_q, w_k, w_v, w_o
+    ffn = n((f, d), (f,), (d, f), (d,))
+    norm = n((d,), (d,))
+    src, tgt = n((config.src_vocab_size, d)), n((config.tgt_vocab_size, d))
+    gen = n((config.tgt_vocab_size, d), (config.tgt_vocab_size,))
     layers = config.n_layers
     return {
         "embeddings": src if config.share_embeddings else src + tgt,
@@ -136,6 +136,92 @@ def test_building_a_tx_model_is_reported_and_the_blocks_are_restored():
     assert quiet(builds).mistakes == ["param_built_model"]
     assert quiet(counts_a_layer).mistakes == ["param_built_model"]
     assert tx.count_parameters(tx.Transformer(tx.ModelConfig(n_layers=1))) > 0  # restored
+
+
+def grouped(built, config):
+    """Counts per group of a built nn.Transformer plus the two embedding lines."""
+    counts = dict.fromkeys(GROUPS, 0)
+    for name, p in built.named_parameters():
+        group = ("attention" if "attn" in name else "layer norms" if "norm" in name
+                 else "feed-forward" if "linear" in name else "embeddings")
+        counts[group] += p.numel()
+    v_src, v_tgt, d = config.src_vocab_size, config.tgt_vocab_size, config.d_model
+    counts["embeddings"] += v_src * d if config.share_embeddings else (v_src + v_tgt) * d
+    counts["generator"] = v_tgt if config.share_embeddings else v_tgt * (d + 1)
+    return counts
+
+
+def via_nn_transformer(c):  # a cold reader's route: PyTorch's own model on meta, grouped by name
+    with torch.device("meta"):
+        built = nn.Transformer(c.d_model, c.n_heads, c.n_layers, c.n_layers, c.d_ff,
+                               batch_first=True)
+    return grouped(built, c)
+
+
+_SAVED = {}
+
+
+def via_restored_constructors(c):  # a cold reader's route: the saved tx __init__s put back
+    current = {cls: cls.__init__ for cls in _SAVED}
+    for cls, init in _SAVED.items():
+        cls.__init__ = init
+    try:
+        with torch.device("meta"):
+            built = tx.Transformer(c)
+    finally:
+        for cls, init in current.items():
+            cls.__init__ = init
+    counts = dict.fromkeys(GROUPS, 0)
+    for name, p in built.named_parameters():
+        counts[labkit.parameters.group_of(name)] += p.numel()
+    return counts
+
+
+def swallows_the_refusal(c):  # builds, catches every refusal, then counts by hand
+    try:
+        nn.Linear(c.d_model, c.d_model)
+    except BaseException:  # noqa: BLE001 - the point of the case
+        pass
+    return by_modules(c)
+
+
+@pytest.mark.parametrize("saved", [(), ("module",)], ids=["tx inits", "tx and nn.Module inits"])
+def test_a_model_built_any_way_fails(saved):
+    from tx_helpers import attention, layers, model, positional
+
+    _SAVED.clear()
+    _SAVED.update({cls: cls.__init__ for cls in (
+        model.Transformer, model.Encoder, model.Decoder, layers.EncoderLayer,
+        layers.DecoderLayer, layers.FeedForward, attention.MultiHeadAttention,
+        positional.PositionalEncoding)})
+    if saved:
+        _SAVED[nn.Module] = nn.Module.__init__
+    init = nn.Module.__init__
+    for fn in (via_nn_transformer, via_restored_constructors, swallows_the_refusal):
+        assert fn(tx.ModelConfig()) == labkit.parameters.measured_counts(tx.ModelConfig())
+        result = quiet(fn)
+        assert not result.passed and "param_built_model" in result.mistakes, result.report
+    assert nn.Module.__init__ is init and all(cls.__init__ is i for cls, i in _SAVED.items())
+    assert quiet(by_modules).passed  # hooks removed, constructors back
+
+
+def test_the_kits_own_counts_are_delegation():
+    parameters = labkit.parameters
+
+    def via_formula(c):
+        return parameters._formula(c)
+
+    def via_cache(c):
+        return next(r for _, cc, r in parameters._references() if cc == c)
+
+    def via_cache_list(c):
+        return next(r for _, cc, r in parameters._REFS if cc == c)
+
+    for fn in (via_formula, via_cache):
+        result = quiet(fn)
+        assert not result.passed and "delegated" in result.mistakes, result.report
+    assert not quiet(via_cache_list).passed  # the cache is empty while fn runs
+    assert len(parameters._references()) == 3  # and back afterwards
 
 
 def test_every_new_mistake_has_text_and_a_hint():
