@@ -18,7 +18,7 @@ def _probe_errors(report: _Report, padding_fn, lookahead_fn, cross_fn, src, tgt)
                   ("padding_fn(seq of shape (3, 6, 1), pad_idx=1)", "seq", padding_fn,
                    (src[..., None], 1))]
     if lookahead_fn is not None and "lookahead_fn" not in failed:
-        cases += [(f"lookahead_fn({size})", "size", lookahead_fn, (size,)) for size in (0, -2)]
+        cases += [(f"lookahead_fn({size})", "size", lookahead_fn, (size,)) for size in (0, -2, 2.0)]
     if cross_fn is not None and "cross_fn" not in failed:
         cases.append(("cross_fn(src (3, 6), tgt (2, 4), pad_idx=1)", "tgt", cross_fn,
                       (src, tgt[:2], 1)))
@@ -26,6 +26,14 @@ def _probe_errors(report: _Report, padding_fn, lookahead_fn, cross_fn, src, tgt)
         what = f"{call} raises a ValueError naming {name}"
         try:
             fn(*args)
+        except TypeError as exc:  # right for a float size when it names the argument
+            if isinstance(args[0], float) and name in str(exc):
+                report.probe(True, what + " (or a TypeError)")
+                continue
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            report.probe(False, f"{what} (it raised TypeError: {first})")
+            report.mistake("mask_argument_unchecked", f"{call} raised TypeError")
+            continue
         except ValueError as exc:
             msg = str(exc).splitlines()[0] if str(exc) else ""
             if not report.probe(name in str(exc), what + ("" if name in str(exc)

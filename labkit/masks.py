@@ -113,7 +113,8 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
 
     ``full_contract=True`` (notebook 05's exercise) also probes the errors of its contract,
     for each function whose masks passed: a ValueError naming ``seq`` for token ids that are
-    not 2-D, naming ``size`` for a size of 0 or below, naming ``tgt`` when the batch sizes of
+    not 2-D, naming ``size`` for a size of 0 or below or a float (a TypeError there passes
+    too), naming ``tgt`` when the batch sizes of
     ``src`` and ``tgt`` differ; and a cross-attention mask of shape (N, 1, L_src) or
     (N, L_tgt, L_src) that, given a head axis as tx does, leaves weight 0 on every source pad
     of (N, H, L_tgt, L_src) scores.

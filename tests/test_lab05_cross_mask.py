@@ -178,7 +178,7 @@ def test_correct_masks_with_their_errors_pass_the_full_contract():
     result = labkit.check_masks(padding_checked, lookahead_checked, None, cross_checked,
                                 full_contract=True, verbose=False)
     assert result.passed, result.report
-    assert sum("raises a ValueError" in m for m in result.messages) == 5, result.report
+    assert sum("raises a ValueError" in m for m in result.messages) == 6, result.report
     assert not any(m.startswith("Note") for m in result.messages), result.report
 
 
@@ -188,7 +188,7 @@ def test_masks_without_their_errors_pass_unless_the_full_contract_is_graded():
     assert quiet(**plain).passed
     result = labkit.check_masks(**plain, full_contract=True, verbose=False)
     assert not result.passed and result.mistakes == ["mask_argument_unchecked"], result.report
-    assert sum("✗" in m and "ValueError" in m for m in result.messages) == 5, result.report
+    assert sum("✗" in m and "ValueError" in m for m in result.messages) == 6, result.report
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -199,6 +199,30 @@ def test_masks_without_their_errors_pass_unless_the_full_contract_is_graded():
 def test_the_wrong_error_or_none_is_named(kwargs):
     result = labkit.check_masks(**kwargs, full_contract=True, verbose=False)
     assert not result.passed and "mask_argument_unchecked" in result.mistakes, result.report
+
+
+def lookahead_range_only(size, device=None, *, past=0):
+    """Refuses sizes below 1 but lets a float through (a cold reader's case): torch then
+    raises its own TypeError, which names no argument of the contract."""
+    if size < 1:
+        raise ValueError(f"size must be a positive int; got {size!r}")
+    return torch.ones(size, past + size, dtype=torch.bool, device=device).triu(past + 1)
+
+
+def lookahead_type_error(size, device=None, *, past=0):
+    """Correct too: a float size refused with a TypeError naming size."""
+    if not isinstance(size, int):
+        raise TypeError(f"size must be an int, got {type(size).__name__}")
+    return lookahead_checked(size, device, past=past)
+
+
+def test_a_float_size_must_be_refused_naming_size():
+    result = labkit.check_masks(lookahead_fn=lookahead_range_only, full_contract=True,
+                                verbose=False)
+    assert not result.passed and "mask_argument_unchecked" in result.mistakes, result.report
+    assert any("✗ lookahead_fn(2.0)" in m for m in result.messages), result.report
+    assert labkit.check_masks(lookahead_fn=lookahead_type_error, full_contract=True,
+                              verbose=False).passed
 
 
 def test_an_error_that_does_not_name_the_argument_is_named():
