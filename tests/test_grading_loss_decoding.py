@@ -232,3 +232,25 @@ def test_train_step_without_model_train_named():
         return {"loss": loss.item(), "grad_norm": float(norm)}
     result = quiet(g.check_train_step, step)
     assert not result.passed and "step_eval_mode" in result.mistakes, result.report
+
+
+def test_train_step_fetched_by_getattr_fails_in_the_notebook_too():
+    """A cold reader's step: tx.train_step reached through getattr passed check_train_step
+    7/7 in the notebook while the grade gave 0; the in-notebook watch now names it."""
+    def my_train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
+        return getattr(tx, "train" + "_step")(model, batch, optimizer, criterion, scheduler,
+                                               clip_norm)
+
+    result = quiet(g.check_train_step, my_train_step)
+    assert not result.passed and "delegated" in result.mistakes
+
+
+def test_train_fetched_for_one_batch_fails_in_the_notebook_too():
+    """The same through tx.train on a one-batch list."""
+    def my_train_step(model, batch, optimizer, criterion, scheduler=None, clip_norm=1.0):
+        h = tx.train(model, [batch], optimizer, scheduler, label_smoothing=0.1,
+                     clip_norm=clip_norm)
+        return {"loss": h.loss[0], "grad_norm": h.grad_norm[0]}
+
+    result = quiet(g.check_train_step, my_train_step)
+    assert not result.passed and "delegated" in result.mistakes
