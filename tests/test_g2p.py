@@ -132,6 +132,22 @@ def test_batches_are_deterministic_and_resume_where_they_stopped(lexicon):
         tgt_out[:, :-1] == g2p.PHONE_VOCAB.eos_idx, g2p.PHONE_VOCAB.pad_idx))
 
 
+def test_the_rest_is_one_smaller_batch_and_a_resume_counts_it(lexicon):
+    # 7 pairs in batches of 2, bucket 2: 3 full batches and the rest, 1 pair, as a fourth
+    words = ["read", "knight", "through", "phone", "cat", "a"]
+    pairs = g2p.g2p_pairs(words, lexicon)[:7]
+    full = list(g2p.g2p_batches(pairs, 2, steps=12, bucket=2))
+    assert [b[0].shape[0] for b in full[:4]].count(1) == 1  # one epoch: 2 + 2 + 2 + 1 rows
+    assert sum(b[0].shape[0] for b in full[:4]) == len(pairs)
+    for start in (5, 9):  # past the first and the second epoch
+        resumed = list(g2p.g2p_batches(pairs, 2, start=start, steps=12, bucket=2))
+        for a, b in zip(full[start:], resumed, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    # when the full batches fill whole runs, the rest is dropped: 2 full batches, bucket 2
+    sizes = [b[0].shape[0] for b in g2p.g2p_batches(pairs[:5], 2, steps=4, bucket=2)]
+    assert sizes == [2, 2, 2, 2]
+
+
 def test_phone_vocab_round_trip():
     ids = g2p.PHONE_VOCAB.encode(["N", "AY", "T"], bos=True, eos=True)
     assert ids[0] == 1 and ids[-1] == 2 and len(ids) == 5

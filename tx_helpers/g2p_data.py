@@ -178,10 +178,16 @@ def g2p_batches(pairs, batch_size: int, *, seed: int = 0, start: int = 0, steps:
 
     Each epoch shuffles the pairs with ``random.Random((seed, epoch))``, sorts each run
     of ``bucket * batch_size`` pairs by word length (less padding), cuts batches
-    and shuffles their order. ``start`` skips the first batches (a resumed run), and
-    ``steps`` stops after that many in total.
+    and shuffles their order. The last run reaches to the end of the list, so when
+    ``batch_size`` does not divide ``len(pairs)`` the rest usually comes as one smaller batch
+    (it is dropped only when the full batches fill whole runs): every pair is seen, unlike
+    notebook 13's lab, whose batches are all full. ``start`` skips the first batches (a
+    resumed run), and ``steps`` stops after that many in total.
     """
-    per_epoch = len(pairs) // batch_size  # the ragged last batch is dropped
+    full = len(pairs) // batch_size
+    # the smaller batch exists when the last run, which starts below full * batch_size, ends
+    # past it: always, unless full is a multiple of bucket (that run then ends exactly there)
+    per_epoch = full + (len(pairs) % batch_size > 0 and full % bucket > 0)
     step = 0
     epoch = 0
     while steps is None or step < steps:
@@ -192,7 +198,7 @@ def g2p_batches(pairs, batch_size: int, *, seed: int = 0, start: int = 0, steps:
         order = list(pairs)
         rng.shuffle(order)
         groups = []
-        for i in range(0, per_epoch * batch_size, bucket * batch_size):
+        for i in range(0, full * batch_size, bucket * batch_size):
             chunk = sorted(order[i:i + bucket * batch_size], key=lambda pair: len(pair[0]))
             groups += [chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size)]
         rng.shuffle(groups)
