@@ -15,7 +15,6 @@ from .compare import (
     _deterministic,
     _instantiate,
     dropout_stand_in,
-    no_dropout_module,
     run_with_stand_in_dropout,
 )
 from .delegation import CORE_REFERENCES, watch_references
@@ -228,12 +227,49 @@ def check_multi_head_attention(cls, *, verbose: bool = True, core_included: bool
             _compare(report, f"with a look-ahead mask (L, L) = {(l_q, l_q)}, shared by every "
                      "sentence and head, matches the reference", out_la, ref(x, x, x, causal),
                      _mha_axes(True), variants(x, x, x, causal))
+        if callable(getattr(type(module), "merge_heads", None)):
+            _merge_heads_probe(report, module, n, l_q, n_heads, d_model)
         if stored_weights:
             _stored_weights_probe(report, module, ref, x, mem, mem_v)
         if train_mode and not report.found and all(ok for ok, _ in report.probes):
             _train_mode_probe(report, module, ref, x, mem, mem_v)
 
     return _run_check("check_multi_head_attention", body, verbose, cls)
+
+
+def _merge_heads_probe(report: _Report, module, n, length, h, d_model) -> None:
+    """A class that defines ``merge_heads`` (03's stub) is graded on it too: (N, H, L, d_k) in,
+    (N, L, d_model) out, position p's row holding head 0's features, then head 1's, ..."""
+    d_k = d_model // h
+    heads = torch.arange(n * h * length * d_k, dtype=torch.float32).view(n, h, length, d_k)
+    want = heads.transpose(1, 2).reshape(n, length, d_model)  # (N, L, d_model)
+    text = (f"merge_heads turns heads (N, H, L, d_k) = {(n, h, length, d_k)} into "
+            f"(N, L, d_model) = {(n, length, d_model)}, each position's heads side by side")
+    try:
+        got = module.merge_heads(heads.clone())
+    except NotImplementedError:
+        report.probe(False, text + " (it raises NotImplementedError)")
+        report.mistake("not_implemented", "merge_heads is still the stub: forward may merge "
+                       "the heads itself, but the exercise grades merge_heads")
+        return
+    except Exception as exc:  # noqa: BLE001 - a learner's error, reported by name
+        report.probe(False, text + f" (it raised {type(exc).__name__}: {exc})")
+        report.mistake("shape_error" if isinstance(exc, RuntimeError) else "mismatch",
+                       f"merge_heads raised {type(exc).__name__}")
+        return
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        report.probe(False, text + f" (got {shape})")
+        report.mistake("mismatch", f"merge_heads returned {shape}, expected "
+                       f"{tuple(want.shape)}")
+        return
+    if report.probe(torch.equal(got.float(), want), text):
+        return
+    if torch.equal(got.float(), heads.reshape(n, length, d_model)):
+        report.mistake("heads_merge_without_transpose")
+    else:
+        report.mistake("mismatch", "merge_heads does not put each position's heads side by "
+                       "side in head order")
 
 
 def _stored_weights_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
@@ -266,8 +302,9 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
     expected output is the reference computed with ``dropout_stand_in(weights)``: no random
     numbers are compared. A correct forward calls its dropout once on the weights (or once per
     head on each head's weights) and matches; one that skips it, or drops the scores or the
-    output, does not. A forward whose dropout does not go through an nn.Dropout submodule
-    (``F.dropout``) is only checked to change the output in train mode, with a note.
+    output, does not. A forward that never calls an nn.Dropout submodule fails
+    (``attn_dropout_unused``), even when ``F.dropout`` changes its output: the contract names
+    ``self.dropout``.
     """
     text = ("train mode: dropout acts on the weights (N, H, L_q, L_k), once, before they mix "
             "the values")
@@ -282,7 +319,12 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
         ctx = (dropout_stand_in(weights) @ v).transpose(1, 2).reshape(n, l_q, d_model)
         expected = ref.w_o(ctx)  # (N, L_q, d_model)
     if not seen:
-        no_dropout_module(report, text, changed, "attn_dropout_unused")
+        # the contract names self.dropout: F.dropout, or a kernel given only its p, is not it
+        report.probe(False, text + " (self.dropout, the module's nn.Dropout, was never called)")
+        report.mistake("attn_dropout_unused", "in train mode self.dropout is never called"
+                       + (": the output changes, but not through the module the contract "
+                          "names (F.dropout or a kernel given only self.dropout.p)"
+                          if changed else " and the output equals the eval-mode output"))
         return
     if report.probe(_close(out, expected), text):
         return

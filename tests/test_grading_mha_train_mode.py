@@ -1,7 +1,8 @@
 """labkit.check_multi_head_attention(train_mode=True): the dropout probe of notebook 03's lab.
 
 It must pass correct layers written unlike tx (another weights layout, one dropout call per
-head, dropout only when training, F.dropout), name the dropout mistakes, stay off by default
+head, dropout only when training), name the dropout mistakes (F.dropout too: the contract names
+self.dropout), grade merge_heads where the class defines it, stay off by default
 and leave the caller's random numbers alone."""
 import math
 
@@ -87,9 +88,107 @@ def test_correct_dropout_passes(cls):
     assert "train mode" in result.report
 
 
-def test_functional_dropout_passes_with_a_note():
+def test_functional_dropout_fails_the_contract():
+    """The contract says self.dropout acts on the weights: F.dropout with its p is not it."""
     result = quiet(FunctionalDropout, train_mode=True)
-    assert result.passed and "not through an nn.Dropout" in result.report, result.report
+    assert not result.passed and "attn_dropout_unused" in result.mistakes, result.report
+    assert "not through the module" in result.report
+
+
+class TorchKernel(nn.Module):
+    """A cold reader's submission: PyTorch's whole layer, handed self.dropout.p only."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.d_model, self.n_heads = d_model, n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        h = self.n_heads
+        n, l_q, l_k = query.size(0), query.size(1), key.size(1)
+        if mask is None:
+            mask3d = None
+        else:
+            mask3d = mask.expand(n, l_q, l_k) if mask.dim() == 3 else mask.expand(n, l_q, l_k)
+            mask3d = mask3d.repeat_interleave(h, 0)  # (N * H, L_q, L_k)
+        out, _ = F.multi_head_attention_forward(
+            query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1),
+            self.d_model, h, None, torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias]),
+            None, None, False, self.dropout.p, self.w_o.weight, self.w_o.bias,
+            training=self.training, need_weights=True, attn_mask=mask3d,
+            average_attn_weights=False, use_separate_proj_weight=True,
+            q_proj_weight=self.w_q.weight, k_proj_weight=self.w_k.weight,
+            v_proj_weight=self.w_v.weight)
+        return out.transpose(0, 1)
+
+
+def test_torch_kernel_with_dropout_p_fails():
+    result = quiet(TorchKernel, train_mode=True)
+    assert not result.passed, result.report
+    assert {"attn_dropout_unused", "delegated"} & set(result.mistakes), result.report
+
+
+class OwnMHA(nn.Module):
+    """Correct, written like 03's solution without tx's code."""
+
+    def __init__(self, d_model, n_heads, dropout=0.1):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+        self.attn_weights = None
+
+    def split_heads(self, x):  # (N, L, d_model) -> (N, H, L, d_k)
+        return x.unflatten(-1, (self.n_heads, self.d_k)).transpose(1, 2)
+
+    def merge_heads(self, x):  # (N, H, L, d_k) -> (N, L, d_model)
+        return x.transpose(1, 2).flatten(-2)
+
+    def attend(self, query, key, value, mask):  # -> context (N, H, L_q, d_k)
+        q, k, v = (self.split_heads(w(t)) for w, t in
+                   ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+        s = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (N, H, L_q, L_k)
+        if mask is not None:
+            s = s.masked_fill(mask.unsqueeze(1) if mask.dim() == 3 else mask,
+                              torch.finfo(s.dtype).min)
+        w = self.dropout(torch.softmax(s, dim=-1))
+        self.attn_weights = w.detach()
+        return w @ v
+
+    def forward(self, query, key, value, mask=None):
+        return self.w_o(self.merge_heads(self.attend(query, key, value, mask)))
+
+
+class MergeInForward(OwnMHA):
+    """A cold reader's submission: merge_heads left as the stub, forward merging inline."""
+
+    def merge_heads(self, x):
+        raise NotImplementedError("(N, H, L, d_k) in, (N, L, d_model) out")
+
+    def forward(self, query, key, value, mask=None):
+        ctx = self.attend(query, key, value, mask)  # (N, H, L_q, d_k)
+        n, _, l_q, _ = ctx.shape
+        return self.w_o(ctx.transpose(1, 2).reshape(n, l_q, -1))  # (N, L_q, d_model)
+
+
+def test_own_layer_passes_the_merge_probe():
+    result = quiet(OwnMHA, train_mode=True, lookahead_mask=True, stored_weights=True)
+    assert result.passed and "merge_heads turns heads" in result.report, result.report
+
+
+class MergeWithoutTranspose(MergeInForward):
+    def merge_heads(self, x):
+        n, _, length, _ = x.shape
+        return x.reshape(n, length, -1)
+
+
+@pytest.mark.parametrize("cls, key", [(MergeInForward, "not_implemented"),
+                                      (MergeWithoutTranspose, "heads_merge_without_transpose")])
+def test_merge_heads_itself_is_graded(cls, key):
+    result = quiet(cls, train_mode=True)
+    assert not result.passed and key in result.mistakes, result.report
+    assert "merge_heads" in result.report
 
 
 @pytest.mark.parametrize("cls, key", [
@@ -144,8 +243,8 @@ class AlwaysHeadAxis(tx.MultiHeadAttention):
                                mask.unsqueeze(1).unsqueeze(1).squeeze(1))
 
 
-class IgnoresTwoDMask(tx.MultiHeadAttention):
-    def forward(self, query, key, value, mask=None, cache=None):
+class IgnoresTwoDMask(OwnMHA):
+    def forward(self, query, key, value, mask=None):
         return super().forward(query, key, value, mask if mask is None or mask.dim() == 3
                                else None)
 
