@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
+import sys
+import sysconfig
 import textwrap
 
 import torch
@@ -121,19 +124,64 @@ _LOOPS = {ast.For: "a for loop", ast.While: "a while loop", ast.ListComp: "a com
 
 
 def _loop_probe(report: _Report, fn) -> None:
-    """The function's own source (IPython keeps cell sources) holds no Python loop."""
+    """No Python loop: none in the function's own source (IPython keeps cell sources), and none
+    hidden in a helper, a ``map`` or a recursion (its Python calls do not grow with d_model)."""
     target = getattr(fn, "func", fn)  # a functools.partial
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
     except (OSError, TypeError, SyntaxError, IndentationError):
-        report.note("the function's source could not be read, so 'no Python loops' was not "
-                    "checked")
-        return
-    found = sorted({(node.lineno, kind) for node in ast.walk(tree)
-                    for cls, kind in _LOOPS.items() if isinstance(node, cls)})
+        tree = None
+    found = [] if tree is None else sorted(
+        {(node.lineno, kind) for node in ast.walk(tree)
+         for cls, kind in _LOOPS.items() if isinstance(node, cls)})
     text = "the table is built with tensor operations, without a Python loop"
-    if not report.probe(not found, text):
+    if found:
+        report.probe(False, text)
         report.mistake("pe_python_loop", f"{found[0][1]} on line {found[0][0]} of the function")
+        return
+    try:
+        few, many = _python_calls(fn, 6, 8), _python_calls(fn, 6, 32)
+    except Exception:  # noqa: BLE001 - the value probes already reported errors
+        few = many = 0
+    if report.probe(many <= few, text):
+        if tree is None:
+            report.note("the function's source could not be read: 'no Python loops' was "
+                        "checked by counting its calls only")
+        return
+    report.mistake("pe_python_loop", f"its Python calls grow with d_model ({few} at d_model=8, "
+                   f"{many} at 32): a loop hides in a helper, a map() or a recursion")
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    here = os.path.dirname(os.path.abspath(__file__))
+    return tuple(dirs | {here, os.path.join(os.path.dirname(here), "tx_helpers")})
+
+
+def _python_calls(fn, max_len: int, d_model: int) -> int:
+    """Calls (Python and builtin) made by code outside the libraries during fn(max_len, d_model).
+
+    A table built from tensor operations makes the same number at any width; a loop, however
+    it is written, makes more. Any profiler already running (the delegation watch) still sees
+    every event."""
+    skip = _library_dirs()
+    outer = sys.getprofile()
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event in ("call", "c_call") and not frame.f_code.co_filename.startswith(skip):
+            count += 1
+        if outer is not None:
+            outer(frame, event, arg)
+
+    sys.setprofile(profile)
+    try:
+        fn(max_len, d_model)
+    finally:
+        sys.setprofile(outer)
+    return count
 
 
 def _train_mode_probe(report: _Report, module, x, ref) -> None:

@@ -598,6 +598,36 @@ def test_pe_no_loops_on_request():
                       "pe_python_loop", "comprehension")
 
 
+def _pe_pair(i, pos, d):
+    w = 10000.0 ** (-2 * i / d)
+    return torch.sin(pos * w), torch.cos(pos * w)
+
+
+def pe_map_over_helper(max_len, d_model, dtype=torch.float32):
+    """A cold reader's submission: the loop is a map() over a helper, no loop syntax."""
+    pos = torch.arange(max_len, dtype=torch.float64)
+    cols = list(map(lambda i: _pe_pair(i, pos, d_model), range((d_model + 1) // 2)))
+    return torch.stack(sum(map(list, cols), []), dim=1)[:, :d_model].to(dtype)
+
+
+def pe_recursive(max_len, d_model, dtype=torch.float32, done=None):
+    """The loop as a recursion, one column per call."""
+    done = [] if done is None else done
+    if len(done) == d_model:
+        return torch.stack(done, dim=1).to(dtype)
+    j = len(done)
+    angle = torch.arange(max_len, dtype=torch.float64) * 10000.0 ** (-(j - j % 2) / d_model)
+    done.append(torch.sin(angle) if j % 2 == 0 else torch.cos(angle))
+    return pe_recursive(max_len, d_model, dtype, done)
+
+
+@pytest.mark.parametrize("impl", [pe_map_over_helper, pe_recursive])
+def test_pe_no_loops_catches_hidden_loops(impl):
+    result = quiet(g.check_positional_encoding, impl, odd_d_model=True,
+                   computed_in_float64=True, no_loops=True)
+    assert_fails_with(result, "pe_python_loop", "grow with d_model")
+
+
 class PEStartByIndex(nn.Module):
     """Correct forward(x, start), written unlike tx: index_select on an arange, a range test."""
 
