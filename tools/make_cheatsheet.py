@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path("docs") / "cheatsheet.md"
 CARD = re.compile(r"^##\s+Recap card\s*$", re.M)
-QUESTION = re.compile(r"^##\s+(Q\d+)\.\s+(.+)$")
+QUESTION = re.compile(r"^###?\s+(Q\d+)\.\s+(.+)$")  # 11 folds Q20-Q41 one level down
 PART = re.compile(r"\n(?=\*\*(?:Formulas|Shapes and masks|Numbers to remember|"
                   r"The classic mistake)\.\*\*)")
 SECTION = re.compile(r"^##\s+(?!Recap card\b|Check yourself\b)(.+)$")
