@@ -9,8 +9,9 @@ unscale, clip, step and update run once, after the last backward. The check runs
 step with a real ``GradScaler`` (on the CPU) and compares weights, scale and norms with the right
 step and with the known wrong ones (zeroing per micro-batch, no division by k, a step per
 micro-batch, clipping before unscaling, no unscale, update before step, ``optimizer.step()`` that
-bypasses the scaler, no loss scaling, no clipping, zeroing at the end); every run starts with stale
-gradients in ``.grad``; a step whose second micro-batch loss is infinite must be
+bypasses the scaler, no loss scaling, no clipping, zeroing at the end, one backward for all the
+micro-batches); every run starts with stale gradients in ``.grad``; a step whose second
+micro-batch loss is infinite, and one whose loss is finite but whose gradients overflow, must be
 skipped and reported as skipped, and the finite steps (whose scale grows here) as not skipped.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ MISTAKES.update({
                             "up before backward"),
     "amp_no_update": ("scaler.update() is never called",
                       "the scale adapts once per step, after the update"),
-    "amp_overflow_not_skipped": ("a step with an infinite loss changed the weights",
+    "amp_overflow_not_skipped": ("a step whose loss or gradients held inf changed the weights",
                                  "a step whose gradients hold inf or NaN must leave the weights "
                                  "unchanged: the scaler decides that"),
     "amp_grad_norm": ("the returned gradient norm is not the norm of the true gradients before "
@@ -75,6 +76,10 @@ MISTAKES.update({
     "amp_no_clip": ("the gradients were never clipped to the clipping norm",
                     "measure the true gradients' norm and scale them down to the given norm "
                     "before the update"),
+    "amp_accum_one_backward": ("one backward ran for all the micro-batches together",
+                               "accumulation exists so that only one micro-batch's graph is in "
+                               "memory at a time: each micro-batch's loss gets its own backward, "
+                               "and .grad adds them up"),
 })
 
 
@@ -113,12 +118,30 @@ def _amp_setup(seed: int):
     return model, opt, scaler, x, y
 
 
-def _losses(model, x, y, blow_up=False):
-    """K micro-batch losses of equal size; with blow_up the last one is infinite."""
-    losses = [F.cross_entropy(model(x[i::K]), y[i::K]) * 5.0  # large, so clipping at 0.5 acts
-              for i in range(K)]
-    if blow_up:
+class _GradOverflow(torch.autograd.Function):
+    """Adds 0 to a loss, and an infinite gradient to backward: a finite loss whose gradients
+    overflow, the case the scaler exists for."""
+
+    @staticmethod
+    def forward(ctx, out):
+        ctx.shape = out.shape
+        return out.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full(ctx.shape, math.inf)
+
+
+def _losses(model, x, y, blow_up=None):
+    """K micro-batch losses of equal size; blow_up "loss": the last one is infinite; "grad": it
+    is finite, but its gradients are not."""
+    outs = [model(x[i::K]) for i in range(K)]  # (N / K, 3) each
+    losses = [F.cross_entropy(out, y[i::K]) * 5.0  # large, so clipping at 0.5 acts
+              for i, out in enumerate(outs)]
+    if blow_up == "loss":
         losses[-1] = losses[-1] * math.inf
+    elif blow_up == "grad":
+        losses[-1] = losses[-1] + _GradOverflow.apply(outs[-1])
     return losses
 
 
@@ -164,23 +187,29 @@ _AMP_VARIANTS = {  # mistake key -> the options of _amp_step that plant it
 _STEP = "|"  # where each step begins in the call log
 
 
-def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None):
+def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None,
+               blow_up="loss", backwards=None):
     """Weights, the scale after each step, what each step returned, after ``n_steps`` of
-    ``step`` (and the call log with spy)."""
+    ``step`` (and the call log with spy; ``backwards`` gets the backward passes of each step)."""
     model, opt, scaler, x, y = _amp_setup(seed)
     gen = torch.Generator().manual_seed(seed + 2)
     for p in model.parameters():  # stale gradients, e.g. from an earlier step: clear them first
         p.grad = torch.randn(p.shape, generator=gen)
+    counted = [0]
+    next(model.parameters()).register_hook(lambda g: counted.__setitem__(0, counted[0] + 1))
     log = [] if log is None else log
     outs, scales = [], []
     for i in range(n_steps):
         log.append(_STEP)
         s_opt = _Spy(opt, log, "optimizer") if spy else opt
         s_scaler = _Spy(scaler, log, "scaler") if spy else scaler
+        counted[0] = 0
         with torch.enable_grad():
-            losses = _losses(model, x, y, blow_up=(i == blow_up_at))
+            losses = _losses(model, x, y, blow_up=blow_up if i == blow_up_at else None)
             outs.append(step(losses, model, s_opt, s_scaler, clip))
         scales.append(scaler.get_scale())
+        if backwards is not None:
+            backwards.append(counted[0])
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return weights, scales, outs, log
 
@@ -252,20 +281,21 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
     graph; ``scaler`` a ``torch.amp.GradScaler``; the gradients may hold the previous step's
     values on entry. The step's gradient must be that of the mean of the k losses, the returned
     norm that of the true gradients before clipping, and ``skipped`` whether the scaler skipped
-    the step (a bool, or a one-element bool tensor). Three steps from the same start must give
-    the reference's weights, scale and norms, each reported as not skipped (the scale grows after
-    every finite step here); a run whose second step has an infinite micro-batch loss must skip
-    that step and report it as skipped.
+    the step (a bool, or a one-element bool tensor); each micro-batch loss gets its own
+    backward. Three steps from the same start must give the reference's weights, scale and
+    norms, each reported as not skipped (the scale grows after every finite step here); a run
+    whose second step has an infinite micro-batch loss, and one whose second step has a finite
+    loss with overflowing gradients, must skip that step and report it as skipped.
     """
 
     def body(report: _Report):
         want_w, want_scales, want_outs, _ = _run_steps(_right)
         want_norms, want_flags, _ = _split(want_outs)
         assert want_flags == [False] * 3
-        log = []
+        log, backwards = [], []
         try:
             got_w, got_scales, got_outs, _ = _call(report, "your step, 3 times", _run_steps, fn,
-                                                   spy=True, log=log)
+                                                   spy=True, log=log, backwards=backwards)
         except _Failed:
             if "not_implemented" not in report.found:
                 _name_from_log(report, log)
@@ -274,6 +304,10 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
         first = "/".join(log).split(_STEP)[1].split("/")
         shown = [c for c in first if c and not c.split(".", 1)[1].startswith(("get_", "is_"))]
         report.probe(not report.found, "the calls of one step: " + " -> ".join(shown))
+        if not report.probe(backwards == [K] * 3, f"one backward per micro-batch: {K} per step "
+                            f"(yours: {', '.join(map(str, backwards))})"):
+            if all(b < K for b in backwards):
+                report.mistake("amp_accum_one_backward")
         got_norms, got_flags, is_pair = _split(got_outs)
         if not is_pair:
             report.probe(False, "your step returns the pair (grad_norm, skipped); it returned "
@@ -310,30 +344,35 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
             shown = [_shown_flag(f, out) for f, out in zip(got_flags, got_outs, strict=True)]
             report.probe(flags_ok, "the 3 finite steps are reported as not skipped (skipped: "
                          f"{', '.join(shown)})")
-        # an overflowing step must be skipped, reported as skipped, and the scale must drop
-        want_w, want_scales, want_outs, _ = _run_steps(_right, n_steps=2, blow_up_at=1)
-        assert torch.allclose(want_w, _run_steps(_right, n_steps=1)[0])
-        assert _split(want_outs)[1] == [False, True]
-        try:
-            start_w, _, _, _ = _run_steps(fn, n_steps=1)  # the learner's own first step
-            got_w, got_scales, got_outs, _ = _run_steps(fn, n_steps=2, blow_up_at=1)
-        except Exception as exc:  # noqa: BLE001 - the learner's step on an infinite loss
-            report.probe(False, f"a step with an infinite loss: raised {type(exc).__name__}")
-            report.mistake("amp_overflow_not_skipped")
-            return
-        skipped = torch.allclose(got_w, start_w, rtol=1e-5, atol=1e-7) and bool(
-            torch.isfinite(got_w).all())
-        report.probe(skipped, "a step with an infinite loss is skipped (weights unchanged, "
-                     f"scale {got_scales[0]:g} -> {got_scales[1]:g}, reference "
-                     f"{want_scales[0]:g} -> {want_scales[1]:g})")
-        if not skipped:
-            report.mistake("amp_overflow_not_skipped")
-        _, flags, still_pair = _split(got_outs)
-        if is_pair and still_pair:
-            report.probe(flags[1] is True, "that step is reported as skipped (skipped: "
-                         f"{_shown_flag(flags[1], got_outs[1])})")
-            if not (flags_ok and flags[1] is True):
-                report.mistake("amp_skipped_flag")
+        # an overflowing step must be skipped, reported as skipped, and the scale must drop:
+        # an infinite loss, then a finite loss whose gradients overflow (what fp16 really does)
+        for blow_up, what in (("loss", "an infinite loss"),
+                              ("grad", "a finite loss whose gradients overflow")):
+            want_w, want_scales, want_outs, _ = _run_steps(_right, n_steps=2, blow_up_at=1,
+                                                           blow_up=blow_up)
+            assert torch.allclose(want_w, _run_steps(_right, n_steps=1)[0])
+            assert _split(want_outs)[1] == [False, True]
+            try:
+                start_w, _, _, _ = _run_steps(fn, n_steps=1)  # the learner's own first step
+                got_w, got_scales, got_outs, _ = _run_steps(fn, n_steps=2, blow_up_at=1,
+                                                            blow_up=blow_up)
+            except Exception as exc:  # noqa: BLE001 - the learner's step on an overflow
+                report.probe(False, f"a step with {what}: raised {type(exc).__name__}")
+                report.mistake("amp_overflow_not_skipped")
+                return
+            skipped = torch.allclose(got_w, start_w, rtol=1e-5, atol=1e-7) and bool(
+                torch.isfinite(got_w).all())
+            report.probe(skipped, f"a step with {what} is skipped (weights unchanged, "
+                         f"scale {got_scales[0]:g} -> {got_scales[1]:g}, reference "
+                         f"{want_scales[0]:g} -> {want_scales[1]:g})")
+            if not skipped:
+                report.mistake("amp_overflow_not_skipped")
+            _, flags, still_pair = _split(got_outs)
+            if is_pair and still_pair:
+                report.probe(flags[1] is True, f"the step with {what} is reported as skipped "
+                             f"(skipped: {_shown_flag(flags[1], got_outs[1])})")
+                if not (flags_ok and flags[1] is True):
+                    report.mistake("amp_skipped_flag")
 
     return _run_check("check_amp_step", body, verbose, fn)
 

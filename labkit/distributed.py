@@ -5,13 +5,16 @@
   ``fn`` must equal the gradient of the single-process mean over every non-pad token of the global
   batch. The check simulates the ranks in one process (a shared linear layer per rank, ragged token
   counts) and names the likely mistakes: a per-rank mean, a sum without the factor ``world_size``,
-  pads counted, a plain sum.
+  pads counted, a plain sum. The project's own answer, ``tools/train_ddp.py``'s
+  ``GlobalTokenMeanLoss``, is the reference: learner code that runs it fails as ``delegated``.
 
 :func:`check_amp_step`, the mixed-precision step of the same lab, is in :mod:`labkit.amp`.
 """
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +47,35 @@ MISTAKES.update({
 
 
 # ---------------------------------------------------------------------------- token-mean loss
+
+# tools/train_ddp.py holds the project's answer (GlobalTokenMeanLoss): running it is delegation
+_TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                     "train_ddp.py")
+
+
+class _WatchTool:
+    """Context manager: ``found`` is True once code of tools/train_ddp.py ran (chained with any
+    profile hook already set, such as the grade's delegation watch)."""
+
+    def __init__(self):
+        self.found = False
+
+    def __enter__(self):
+        self._previous = sys.getprofile()
+        sys.setprofile(self._hook)
+        return self
+
+    def _hook(self, frame, event, arg):
+        if self._previous is not None:
+            self._previous(frame, event, arg)
+        if event == "call" and not self.found and os.path.abspath(
+                frame.f_code.co_filename) == _TOOL:
+            self.found = True
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._previous)
+        return False
+
 
 def _ranks(world: int, gen: torch.Generator):
     """Per-rank (hidden (N, L, d), target (N, L)) with ragged, padded targets; pad 0, V = 7."""
@@ -132,9 +164,16 @@ def check_token_mean_loss(fn, *, verbose: bool = True) -> CheckResult:
             weight = torch.randn(7, 5, generator=gen)  # (V, d), shared by every rank
             tokens = [int((t != 0).sum()) for _, t in shares]
             total = sum(tokens)
-            with torch.enable_grad():
+            with torch.enable_grad(), _WatchTool() as tool:
                 got, got_grad = _call(report, f"your loss on {world} ranks", _grads, fn,
                                       shares, weight, world, total)
+            if tool.found:
+                report.probe(False, "your loss is built from the lab's operations, not from "
+                             "the project's own answer")
+                report.mistake("delegated", "it runs tools/train_ddp.py's GlobalTokenMeanLoss, "
+                               "the project's answer to this lab")
+                return
+            with torch.enable_grad():
                 if got_grad is None:
                     report.probe(False, f"{world} ranks: the loss carries a gradient")
                     report.mistake("loss_detached")

@@ -90,6 +90,28 @@ def test_the_ranks_really_hold_different_token_counts():
     assert len(set(counts)) == len(counts) == 2
 
 
+def test_the_projects_own_loss_is_delegation():
+    # a cold reader's route: tools/train_ddp.GlobalTokenMeanLoss passed 4/4 under another name
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(labkit.__file__).resolve().parent.parent / "tools"))
+    try:
+        import train_ddp
+    finally:
+        sys.path.pop(0)
+
+    def tml(logits, target, pad_idx, T, W):
+        crit = train_ddp.GlobalTokenMeanLoss(pad_idx)
+        crit.scale = W / T
+        return crit(logits.flatten(0, 1), target.flatten())
+
+    result = quiet(labkit.check_token_mean_loss, tml)
+    assert not result.passed and result.mistakes == ["delegated"], result.report
+    assert "GlobalTokenMeanLoss" in result.report
+    result = quiet(labkit.check_token_mean_loss, token_mean_loss)  # the watch is gone after it
+    assert result.passed, result.report
+
+
 def test_a_stub_and_a_crash_are_reported_not_raised():
     def stub(logits, target, pad_idx, global_tokens, world_size):
         raise NotImplementedError("return one rank's loss")
@@ -120,7 +142,7 @@ def learner_step(*calls, returns="norm", flag="finite norm"):
         for call in calls:
             if call == "zero_grad":
                 optimizer.zero_grad(set_to_none=True)
-            elif call == "backward":  # one backward on the mean (the check scales each loss)
+            elif call == "backward":  # one backward on the mean: accumulation skipped
                 scaler.scale(sum(micro_losses) / k).backward()
             elif call == "backward per micro-batch":
                 for loss in micro_losses:
@@ -166,25 +188,24 @@ def learner_step(*calls, returns="norm", flag="finite norm"):
     return step
 
 
-RIGHT = ("zero_grad", "backward", "unscale", "clip", "scaler.step", "update")
+RIGHT = ("zero_grad", "backward per micro-batch", "unscale", "clip", "scaler.step", "update")
 amp_step = learner_step(*RIGHT)
-clip_before_unscale = learner_step("zero_grad", "backward", "clip", "unscale", "scaler.step",
-                                   "update")
-update_before_step = learner_step("zero_grad", "backward", "unscale", "clip", "update",
-                                  "scaler.step")
-bypass = learner_step("zero_grad", "backward", "unscale", "clip", "optimizer.step", "update")
+EACH = "backward per micro-batch"
+clip_before_unscale = learner_step("zero_grad", EACH, "clip", "unscale", "scaler.step", "update")
+update_before_step = learner_step("zero_grad", EACH, "unscale", "clip", "update", "scaler.step")
+bypass = learner_step("zero_grad", EACH, "unscale", "clip", "optimizer.step", "update")
 no_scaling = learner_step("zero_grad", "backward, unscaled loss", "unscale", "clip",
                           "scaler.step", "update")
 no_update = learner_step(*RIGHT[:-1])
 no_zero_grad = learner_step(*RIGHT[1:])
 norm_after_clip = learner_step(*RIGHT, returns="clip_norm")
 norm_only = learner_step(*RIGHT, returns="norm only")  # the contract before the skipped flag
-looped = learner_step("zero_grad", "backward per micro-batch", *RIGHT[2:])
+one_backward = learner_step("zero_grad", "backward", *RIGHT[2:])  # the stacked mean, once
 zero_each = learner_step("backward, zeroing each", *RIGHT[2:])
 not_divided = learner_step("zero_grad", "backward, not divided", *RIGHT[2:])
 zero_at_end = learner_step(*RIGHT[1:], "zero_grad")  # right from the second step on
 cleared_by_hand = learner_step("clear by hand", *RIGHT[1:])
-no_clip = learner_step("zero_grad", "backward", "unscale", "norm, no clip", "scaler.step",
+no_clip = learner_step("zero_grad", EACH, "unscale", "norm, no clip", "scaler.step",
                        "update")
 
 
@@ -212,16 +233,18 @@ def unscale_each(micro_losses, model, optimizer, scaler, clip_norm):
     return norm, not torch.isfinite(norm)
 
 
-@pytest.mark.parametrize("fn", [amp_step, looped, cleared_by_hand])
+@pytest.mark.parametrize("fn", [amp_step, cleared_by_hand])
 def test_the_right_step_passes(fn):
     result = quiet(labkit.check_amp_step, fn)
     assert result.passed and not result.mistakes, result.report
-    assert "reported as skipped (skipped: True)" in result.report
+    assert "an infinite loss is reported as skipped (skipped: True)" in result.report
+    assert "gradients overflow is reported as skipped (skipped: True)" in result.report
 
 
 @pytest.mark.parametrize("fn, key", [
     (zero_each, "amp_accum_zero_each"), (not_divided, "amp_accum_not_averaged"),
-    (step_each, "amp_accum_step_each"), (unscale_each, "amp_accum_step_each")])
+    (step_each, "amp_accum_step_each"), (unscale_each, "amp_accum_step_each"),
+    (one_backward, "amp_accum_one_backward")])
 def test_each_accumulation_mistake_is_named(fn, key):
     result = quiet(labkit.check_amp_step, fn)
     assert not result.passed and key in result.mistakes, result.report
@@ -235,7 +258,7 @@ def test_two_micro_batches_make_the_step_of_the_whole_batch():
     opt, opt2 = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
     s1, s2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) for _ in range(2))
     micro = [F.cross_entropy(model(x[i::2]), y[i::2]) for i in range(2)]
-    norm, _ = looped(micro, model, opt, s1, 100.0)
+    norm, _ = amp_step(micro, model, opt, s1, 100.0)
     norm2, _ = amp_step([F.cross_entropy(twin(x), y)], twin, opt2, s2, 100.0)
     torch.testing.assert_close(model.weight, twin.weight)
     assert abs(float(norm) - float(norm2)) < 1e-5
@@ -251,6 +274,17 @@ def test_a_flag_read_from_the_gradients_passes():
 def test_a_wrong_skipped_flag_is_named(flag):
     result = quiet(labkit.check_amp_step, learner_step(*RIGHT, flag=flag))
     assert not result.passed and result.mistakes == ["amp_skipped_flag"], result.report
+
+
+def test_a_flag_read_from_the_losses_is_named():
+    # a cold reader's flag: it passed 7/7, yet fp16's overflow is a finite loss with inf gradients
+    def from_losses(micro_losses, model, optimizer, scaler, clip_norm):
+        n, _ = amp_step(micro_losses, model, optimizer, scaler, clip_norm)
+        return n, not all(torch.isfinite(loss) for loss in micro_losses)
+
+    result = quiet(labkit.check_amp_step, from_losses)
+    assert not result.passed and result.mistakes == ["amp_skipped_flag"], result.report
+    assert "gradients overflow is reported as skipped (skipped: False)" in result.report
 
 
 def test_a_bare_norm_is_named():
