@@ -27,17 +27,24 @@ MISTAKES.update({
     "ffn_dropout_repeated": (
         "in train mode dropout acts on the hidden layer more than once",
         "each hidden activation is dropped once; a second pass drops more than the rate asks"),
+    "ffn_activation_ignored": (
+        "the class does not use the activation it is given: built with activation=F.gelu, "
+        "it still applies ReLU or cannot be built",
+        "the nonlinearity is an argument of the block, stored when it is built; the forward "
+        "pass applies whatever was passed, ReLU only by default"),
 })
 
 
-def check_feed_forward(cls, *, hidden_dropout: bool = False,
+def check_feed_forward(cls, *, hidden_dropout: bool = False, activation: bool = False,
                        verbose: bool = True) -> CheckResult:
     """Check ``cls(d_model, d_ff, dropout)`` with ``linear1``, ``linear2`` against
     :class:`tx_helpers.FeedForward` (linear2(dropout(relu(linear1(x))))).
 
     ``hidden_dropout=True`` (notebook 04's exercise) grades the train-mode placement as a
     probe: dropout once on the hidden layer, as tx has it; no dropout at all, or dropout
-    applied twice, fails (by default no dropout passes: the paper has none inside the FFN)."""
+    applied twice, fails (by default no dropout passes: the paper has none inside the FFN).
+    ``activation=True`` (notebook 04's exercise) also builds ``cls(d_model, d_ff, dropout,
+    activation=F.gelu)`` and expects linear2(gelu(linear1(x))) in eval mode."""
     d_model, d_ff = 16, 48
 
     def body(report: _Report):
@@ -83,8 +90,34 @@ def check_feed_forward(cls, *, hidden_dropout: bool = False,
             ffn_probe(report, module, lin1, lin2, x)
         if not report.found and lin1 is not None and lin2 is not None:
             _dropout_placement(report, module, lin1, lin2, x, hidden_dropout)
+        if activation and not report.found:
+            _activation_probe(report, cls, ref, x, d_model, d_ff)
 
     return _run_check("check_feed_forward", body, verbose, cls)
+
+
+def _activation_probe(report: _Report, cls, ref, x, d_model, d_ff) -> None:
+    """``cls(..., activation=F.gelu)`` must apply GELU, not a hard-coded ReLU."""
+    what = (f"cls(d_model={d_model}, d_ff={d_ff}, dropout=0.1, activation=F.gelu) gives "
+            "linear2(gelu(linear1(x))) (eval mode)")
+    try:
+        module = cls(d_model, d_ff, 0.1, activation=F.gelu)
+        module.load_state_dict(ref.state_dict(), strict=False)
+        module.eval()
+        with torch.no_grad():
+            got = module(x.clone())
+    except Exception as exc:  # noqa: BLE001 - reported as the probe's failure
+        report.probe(False, f"{what} (it raised {type(exc).__name__})")
+        report.mistake("ffn_activation_ignored", f"{type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}")
+        return
+    with torch.no_grad():
+        want = ref.linear2(F.gelu(ref.linear1(x)))
+        relu = ref(x)
+    if report.probe(_close(got, want), what):
+        return
+    report.mistake("ffn_activation_ignored", "the output is ReLU's" if _close(got, relu)
+                   else "the output is neither GELU's nor ReLU's")
 
 
 def _owner(module, weight):
