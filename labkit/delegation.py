@@ -156,9 +156,11 @@ def _codes(obj) -> list[types.CodeType]:
 
 def _fingerprint(code: types.CodeType):
     """What a copy of a function's source keeps when compiled again, with other compiler flags
-    too: its names, variables and constants, the docstring included (None for short functions,
-    which a learner may well type the same way)."""
-    if len(code.co_code) < 60:
+    too: its names, variables and constants, the docstring included. None for a function with
+    no docstring that is not long: a learner may well type a two-line helper the same way
+    (``n, length, _ = x.shape; return x.view(...).transpose(1, 2)``)."""
+    documented = bool(code.co_consts) and isinstance(code.co_consts[0], str)
+    if len(code.co_code) < (60 if documented else 400):
         return None
     return (code.co_names, code.co_varnames,  # not co_name: a renamed copy is still a copy
             tuple(repr(c) for c in code.co_consts if not isinstance(c, types.CodeType)))

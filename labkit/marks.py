@@ -3,13 +3,15 @@
 One exercise, one mark::
 
     m = labkit.mark_exercise("padding_mask", padding_mask, points=2)
-    m.score      # 2.0 when the check passes; else 2 x (probes passed / probes); 0 if delegated
+    m.score  # 2.0 when the check passes; else 2 x 1/2 x (probes passed / probes); 0 if delegated
 
-- **Partial credit**: a failed check earns ``points x probes passed / probes``; the report
-  shows every probe, so the teacher sees where the fraction comes from. An untouched stub
-  (``NotImplementedError``) earns 0, even where the lab's given code (a class's ``__init__``)
-  passes probes before the stub raises; in a class with several exercised methods the
-  written ones keep their share.
+- **Partial credit**: a failed check earns at most half its points,
+  ``points x FAILED_SHARE x probes passed / probes``: the failure decides (a beam step that
+  never reorders its cache passes 6 of 7 probes, yet it is wrong), and the probes say how far
+  the code got. The report shows every probe, so the teacher sees where the fraction comes
+  from. An untouched stub (``NotImplementedError``) earns 0, even where the lab's given code
+  (a class's ``__init__``) passes probes before the stub raises; in a class with several
+  exercised methods the written ones keep their share.
 - **Delegation**: an exercise that hands its work to the ``tx_helpers`` reference for the
   same block earns 0, whatever the check says, however the reference is bound (an alias
   import, an assignment, a module, ``getattr``, a wrapper, a subclass, a borrowed method):
@@ -42,6 +44,8 @@ from .delegation import (  # noqa: F401 - REFERENCES and find_delegation are pub
 )
 from .report import CheckResult, history
 
+# the most a failed check earns, as a share of its points
+FAILED_SHARE = 0.5
 # probes a wrong answer passes too (a wrong mask built on the right device): they earn
 # partial credit only when every other probe of the check passed
 SECONDARY_PROBES = ("builds the mask on that device", "builds its mask on the device of its")
@@ -142,7 +146,7 @@ def mark_result(exercise: str, result: CheckResult, points: float = 1.0,
     elif review or (stub_scores_zero and "not_implemented" in result.mistakes):
         score = 0.0  # a stub still raising earns nothing, whatever its given code passed
     else:
-        score = round(points * ok / total, 2) if total else 0.0
+        score = round(points * FAILED_SHARE * ok / total, 2) if total else 0.0
     lines = [f"Exercise {exercise}: {score:g}/{points:g} point(s)"
              + (f" ({ok}/{total} probes credited)" if not result.passed else "")]
     if delegated:

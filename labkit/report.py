@@ -209,9 +209,10 @@ def _checker_failed(report: _Report, exc: BaseException) -> None:
 def _watch(name: str, subject, report: _Report):
     """The watch a check runs under when the learner calls it in their notebook: the same
     delegation test the grade applies (:class:`labkit.delegation.watch_references`), so a
-    check never says "passed" to work the grade will not credit. None when a grade's own
-    watch is already running (it knows the lab's given methods), for the masks (marked one
-    slot at a time by the grade), and for the reference itself shown to the check (a note)."""
+    check never says "passed" without a word to work the grade will not credit. None when a
+    grade's own watch is already running (it knows the lab's given methods), for the masks
+    (marked one slot at a time by the grade), and for the reference itself shown to the check
+    (a note)."""
     from .delegation import _is_tx, reference_names, watch_references
 
     names = reference_names(name)
@@ -226,6 +227,18 @@ def _watch(name: str, subject, report: _Report):
     init = vars(subject).get("__init__") if isinstance(subject, type) else None
     given = [init.__code__] if hasattr(init, "__code__") else []  # layers the lab builds
     return watch_references(names, given)
+
+
+def _delegation(report: _Report, found: list[str]) -> None:
+    """Handing the work to tx_helpers' reference fails the check; PyTorch's own version of the
+    exercise is correct code (public implementations use it), so it passes with a note that the
+    grade gives it no credit."""
+    pytorch = [text for text in found if text.startswith("it calls PyTorch's")]
+    for text in pytorch:
+        report.note(f"{text}: right, but a grade gives it no credit (the exercise is to build it)")
+    if len(pytorch) < len(found):
+        report.probe(False, "the work is your code's own, not the reference's")
+        report.mistake("delegated", "; ".join(t for t in found if t not in pytorch))
 
 
 def _run_check(name: str, body, verbose: bool, subject=None) -> CheckResult:
@@ -249,8 +262,7 @@ def _run_check(name: str, body, verbose: bool, subject=None) -> CheckResult:
     finally:
         torch.set_num_threads(threads)
     if watch is not None and watch.found:
-        report.probe(False, "the work is your code's own, not the reference's")
-        report.mistake("delegated", "; ".join(watch.found))
+        _delegation(report, watch.found)
     return report.finish()
 
 

@@ -82,7 +82,7 @@ def make_greedy(eval_mode=True, argmax_dim=-1, feed_back=True, pad_after_eos=Tru
 
 def greedy_full_length(model, src, *, bos_idx, eos_idx, max_len):
     """Correct, but runs to max_len (pads after EOS): accepted."""
-    ys = tx.greedy_decode(model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len)
+    ys = make_greedy()(model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len)
     pad = torch.full((ys.size(0), max_len + 1 - ys.size(1)), model.config.pad_idx)
     return torch.cat([ys, pad], dim=1)
 

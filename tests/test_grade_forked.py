@@ -51,11 +51,11 @@ def test_a_submission_that_breaks_the_checks_does_not_reach_the_next(tmp_path):
                      "def attention(q, k, v, mask=None):\n    return q, None",
                      "import labkit.compare\nlabkit.compare._close = lambda *a, **k: True")
     honest = notebook(tmp_path / "b_honest.ipynb", IMPORTS, ATTENTION)
-    wrong = notebook(tmp_path / "c_wrong.ipynb", IMPORTS, UNSCALED)  # 1/3 of its probes
+    wrong = notebook(tmp_path / "c_wrong.ipynb", IMPORTS, UNSCALED)  # 1/3 of its probes: 1/6
     out = tmp_path / "grades.csv"
     grade.main([str(cheat), str(honest), str(wrong), "--out", str(out), "--jobs", "1"])
     got = marks(out)
-    assert (got["b_honest.ipynb"], got["c_wrong.ipynb"]) == (("1", "1"), ("0.33", "1")), got
+    assert (got["b_honest.ipynb"], got["c_wrong.ipynb"]) == (("1", "1"), ("0.17", "1")), got
 
 
 def test_the_forked_route_marks_as_a_fresh_kernel_does(tmp_path):

@@ -1249,7 +1249,7 @@ def make_train_step(zero_grad=True, clip=True, schedule="after", dec_in="tgt_in"
 
 def train_step_legacy_order(model, batch, optimizer, scheduler, criterion, clip_norm=1.0):
     """The order notebook 08 used to teach, returning a tuple: still accepted."""
-    out = tx.train_step(model, batch, optimizer, criterion, scheduler, clip_norm=clip_norm)
+    out = make_train_step()(model, batch, optimizer, criterion, scheduler, clip_norm=clip_norm)
     return out["loss"], out["grad_norm"]
 
 

@@ -282,7 +282,8 @@ def test_gamed_submission_earns_nothing(route):
     namespace = _cell(source, route)
     mark = g.mark_exercise(name, namespace[name], points=2, verbose=False)
     # the check alone would give full marks (the smoothing check now refuses PyTorch's own)
-    assert mark.result.passed or mark.result.mistakes == ["ls_builtin_smoothing"], \
+    assert (mark.result.passed  # the check alone passes, or names the route itself
+            or mark.result.mistakes in (["ls_builtin_smoothing"], ["delegated"])), \
         mark.result.report
     assert mark.score == 0 and not mark.passed and mark.delegated, (route, mark.lines)
     assert any("Not credited" in line for line in mark.lines)

@@ -186,13 +186,6 @@ def test_greedy_never_stopping_early_named():
     assert not result.passed and result.mistakes == ["decode_no_early_stop"], result.report
 
 
-def test_greedy_not_restoring_mode_passes():
-    def greedy_left_in_eval(model, src, *, bos_idx, eos_idx, max_len):
-        model.eval()
-        return tx.greedy_decode(model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len)
-    assert quiet(g.check_greedy_decode, greedy_left_in_eval).passed
-
-
 def _ls_builtin(logits, target, eps, pad_idx):
     return F.cross_entropy(logits, target, label_smoothing=eps, ignore_index=pad_idx)
 

@@ -61,12 +61,23 @@ def own_lookahead(size, device=None):
     return rows[None, :] > rows[:, None]  # (L, L): key j after query i
 
 
-def test_partial_credit_is_the_share_of_probes_passed():
+def attention_unscaled(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1)  # (N, H, L_q, L_k), never divided by sqrt(d_k)
+    if mask is not None:
+        scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(-1)
+    return weights @ v, weights
+
+
+def test_a_failed_check_earns_half_its_points_times_the_share_of_probes_passed():
     full = g.mark_exercise("lookahead_mask", own_lookahead, points=3, verbose=False)
     assert full.score == 3 and full.passed
     wrong = g.mark_exercise("lookahead_mask", lookahead_diag0, points=3, verbose=False)
-    ok, total = wrong.probes
-    assert not wrong.passed and wrong.score == round(3 * ok / total, 2)
+    assert not wrong.passed and wrong.score == 0 and wrong.probes[0] == 0
+    unscaled = g.mark_exercise("attention", attention_unscaled, points=3, verbose=False)
+    ok, total = unscaled.probes
+    assert 0 < ok < total and not unscaled.passed, unscaled.lines
+    assert unscaled.score == round(3 * 0.5 * ok / total, 2) < 1.5  # a failure decides
     stub = g.mark_exercise("lookahead_mask", lookahead_stub, points=3, verbose=False)
     assert stub.score == 0 and "not implemented" in "\n".join(stub.lines)
 

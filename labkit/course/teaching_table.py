@@ -63,7 +63,8 @@ def lab_table(root: Path = ROOT, copies: dict[Path, str] | None = None) -> str:
            f"{labs['points']['prediction']:g} pt and each written answer "
            f"{labs['points']['written']:g} pt unless a lab says otherwise; a class with several "
            f"stubs earns them through the one check that marks it (`labkit/course/grade.py` gives "
-           f"partial credit by probes passed). The points, the rubric and the estimates live in "
+           f"a failed check half its points times the share of probes passed). The points, "
+           f"the rubric and the estimates live in "
            f"`{LABS_TOML.as_posix()}`; the rest of this table is read from the notebooks. "
            f"`make exercises` rewrites it, and a test fails when it is stale."]
     if rubrics:
