@@ -29,7 +29,7 @@ WORK   ?= my-work
 # JupyterLab settings for the project's Lab (no "Jupyter news" question): installed into the venv.
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
-.PHONY: setup check-python lab test test-browser test-portability notebooks exercises handout keys models bench ddp-demo lint clean
+.PHONY: setup check-python lab test test-slow test-browser test-portability notebooks exercises handout keys models bench ddp-demo lint clean
 .PHONY: grade nbgrader test-teacher
 
 check-python:
@@ -73,7 +73,13 @@ lab: setup
 # The notebooks go first: each is one long unit (its cells share a kernel), and longest-first
 # leaves the two workers finishing together on the short test files.
 test: setup
-	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadscope $(PYTEST_NBVAL) notebooks tests
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) --dist loadscope $(PYTEST_NBVAL) -m "not slow" notebooks tests
+
+# The long integration tests that make test leaves out, each also covered by a fast test or a
+# notebook (the real 2-process DDP run, the full grade CLI, a model rebuilt from its recipe):
+# CI runs them after make test.
+test-slow: setup
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(JOBS) -p no:nbval -m slow tests
 
 # The notebooks' stored outputs at 1, 2 and 4 torch threads and with generic CPU kernels (a
 # stand-in for another CPU): a learner's machine must print what the repository stores.

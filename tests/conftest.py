@@ -18,6 +18,12 @@ SRC_LENGTHS = (7, 5, 3)  # real tokens per row; the rest is PAD
 TGT_LENGTHS = (5, 2, 4)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a long integration test that a fast test or a "
+                            "notebook also covers; `make test` skips it, `make test-slow` (and "
+                            "CI) runs it")
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

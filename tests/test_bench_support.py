@@ -112,6 +112,7 @@ def test_train_mode_outputs_average_to_eval_output_for_both_backends():
 
 # ---------------------------------------------------------------- tools/bench.py
 
+@pytest.mark.slow  # a quick bench run; the table and README tests stay fast
 def test_bench_quick_run_writes_well_formed_table(tmp_path):
     bench = _load_bench()
     readme = tmp_path / "README.md"

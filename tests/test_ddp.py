@@ -114,6 +114,7 @@ def single_process_reference():
     return model, optimizer, scheduler, after
 
 
+@pytest.mark.slow  # two spawned processes; notebook 12 runs a real 2-process torchrun
 def test_each_ddp_step_equals_one_process_on_the_concatenated_batch(ddp_run):
     _, ranks = ddp_run
     # the shares really differ in token count, so a per-rank mean would not do
@@ -132,6 +133,7 @@ def test_each_ddp_step_equals_one_process_on_the_concatenated_batch(ddp_run):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # two spawned processes; notebook 12 runs a real 2-process torchrun
 def test_rank0_checkpoint_reloads_into_a_single_process_model(ddp_run):
     folder, ranks = ddp_run
     path = folder / "ckpt.pt"
@@ -196,6 +198,7 @@ def test_shard_is_disjoint_complete_and_refuses_an_uneven_split():
         train_ddp.shard(batch, 0, 3)
 
 
+@pytest.mark.slow  # a whole run in a subprocess; notebook 12 runs the script under torchrun
 def test_the_entry_point_runs_as_a_world_of_one(tmp_path):
     """``python tools/train_ddp.py`` without torchrun: the whole run, tiny, in a subprocess."""
     ckpt = tmp_path / "dates-ddp.pt"

@@ -392,6 +392,7 @@ def test_grade_script_full_partial_and_zero_marks(tmp_path):
         " predictions right (no cell raised)"), head
 
 
+@pytest.mark.slow  # the full grade CLI; test_grade_script_full_partial_and_zero_marks stays fast
 def test_grade_counts_every_declared_exercise_and_lists_written_answers(tmp_path):
     """05's look-ahead exercise answered by an assignment (no def) stays in the maximum; the
     written questions come with the learner's text for marking by hand; one total per student."""

@@ -58,6 +58,7 @@ def test_a_submission_that_breaks_the_checks_does_not_reach_the_next(tmp_path):
     assert (got["b_honest.ipynb"], got["c_wrong.ipynb"]) == (("1", "1"), ("0.17", "1")), got
 
 
+@pytest.mark.slow  # a fresh kernel per submission; the forked-route tests stay fast
 def test_the_forked_route_marks_as_a_fresh_kernel_does(tmp_path):
     wrong = notebook(tmp_path / "wrong.ipynb", IMPORTS, UNSCALED,
                      "raise ValueError('an unfinished cell')")

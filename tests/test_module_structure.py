@@ -146,6 +146,7 @@ def test_the_direction_check_sees_a_planted_import(tmp_path, monkeypatch):
     assert sorted(_kit_imports("tx_helpers.planted")) == ["labkit", "labkit.marks"]
 
 
+@pytest.mark.slow  # 19 fresh interpreters; the import-graph tests stay fast
 def test_every_module_imports_first_in_a_fresh_interpreter():
     """Each package module imported on its own, first thing in a new process (an import-order
     cycle shows up as an ImportError or AttributeError on a partly initialised module).

@@ -197,6 +197,7 @@ def test_unknown_name():
         load_pretrained("dates-v0")
 
 
+@pytest.mark.slow  # two builds; the recipe and checksum tests stay fast
 def test_an_interrupted_build_resumes_to_the_same_weights(tmp_path, monkeypatch):
     """make models checkpoints every CHECKPOINT_EVERY steps; a rerun after a crash picks up
     there and ends with the weights and history of an uninterrupted run."""
