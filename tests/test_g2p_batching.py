@@ -134,6 +134,37 @@ def test_each_batching_mistake_is_named(fn, key):
     assert not result.passed and key in result.mistakes, result.report
 
 
+def test_the_reference_differs_from_the_lab_only_in_the_rest():
+    # notebook 13 says the shipped model's batches (g2p.g2p_batches) are the lab's, except that
+    # an epoch's rest comes as one smaller batch: one epoch of the reference, graded by the check
+    from tx_helpers import g2p
+
+    def one_epoch(pairs, batch_size, *, seed=0, bucket=16):
+        full = len(pairs) // batch_size
+        steps = full + (len(pairs) % batch_size > 0 and full % bucket > 0)
+        return g2p.g2p_batches(pairs, batch_size, seed=seed, bucket=bucket, steps=steps)
+
+    result = labkit.check_g2p_batches(one_epoch, verbose=False)
+    assert set(result.mistakes) == {"g2p_batch_ragged_kept", "delegated"}, result.report
+
+
+def test_a_returned_reference_generator_is_delegation():
+    # returning the reference's generator (bare or wrapped in map) ran it only when the check
+    # iterated it, where the delegation watch took the lab kit for the caller
+    from tx_helpers import g2p
+
+    def handed_back(pairs, batch_size, *, seed=0, bucket=16):
+        full = len(pairs) // batch_size
+        gen = g2p.g2p_batches(pairs, batch_size, seed=seed, bucket=bucket, steps=full)
+        return map(lambda batch: batch, gen)
+
+    result = labkit.check_g2p_batches(handed_back, verbose=False)
+    assert not result.passed and "delegated" in result.mistakes, result.report
+    assert "g2p_batches" in result.report
+    result = labkit.check_g2p_batches(batches_by_length, verbose=False)  # the watch is gone
+    assert result.passed, result.report
+
+
 def test_a_stub_is_reported_not_raised():
     def stub(pairs, batch_size, *, seed=0, bucket=16):
         raise NotImplementedError("one epoch of batches")
