@@ -85,6 +85,8 @@ TORCH_ROUTES: dict[str, tuple[tuple, tuple[str, ...]]] = {
     "DecoderLayer": ((torch.nn.TransformerDecoderLayer.forward,), ()),
     "Decoder": ((torch.nn.TransformerDecoder.forward,), ()),
     "Transformer": ((torch.nn.Transformer.forward,), ()),
+    "lookahead_mask": ((torch.nn.Transformer.generate_square_subsequent_mask,
+                        torch.nn.modules.transformer._generate_square_subsequent_mask), ()),
 }
 # the C entry of PyTorch's cross-entropy, called straight from the learner's code: its smoothing
 # argument cannot be seen from a profile hook, and plain cross-entropy goes through F.cross_entropy
@@ -163,7 +165,8 @@ def _fingerprint(code: types.CodeType):
     if len(code.co_code) < (60 if documented else 400):
         return None
     return (code.co_names, code.co_varnames,  # not co_name: a renamed copy is still a copy
-            tuple(repr(c) for c in code.co_consts if not isinstance(c, types.CodeType)))
+            tuple(repr(inspect.cleandoc(c) if isinstance(c, str) else c)  # re-indented source
+                  for c in code.co_consts if not isinstance(c, types.CodeType)))
 
 
 def _unwrap(obj):

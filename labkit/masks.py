@@ -8,7 +8,7 @@ from tx_helpers.masks import decoder_self_mask, expand_mask, lookahead_mask, pad
 
 from .mask_contract import _probe_device_argument, _probe_errors, _probe_input_device, _takes
 from .mistakes import MISTAKES
-from .report import CheckResult, _call, _Failed, _Report, _run_check
+from .report import CheckResult, _call, _Failed, _Report, _run_check, slot_watch
 
 MISTAKES.update({
     "mask_argument_unchecked": (
@@ -127,16 +127,20 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
             report.probe(False, "at least one mask function was passed")
             raise _Failed
         if padding_fn is not None:
-            _probe_padding(report, padding_fn, src)
+            with slot_watch(report, "padding_fn", padding_fn):
+                _probe_padding(report, padding_fn, src)
         if lookahead_fn is not None:
-            _probe_lookahead(report, lookahead_fn)
-            _probe_lookahead_past(report, lookahead_fn)
-            _probe_device_argument(report, lookahead_fn)
+            with slot_watch(report, "lookahead_fn", lookahead_fn):
+                _probe_lookahead(report, lookahead_fn)
+                _probe_lookahead_past(report, lookahead_fn)
+                _probe_device_argument(report, lookahead_fn)
         if decoder_fn is not None:
-            _probe_decoder_mask(report, decoder_fn, tgt)
-            _probe_decoder_past(report, decoder_fn)
+            with slot_watch(report, "decoder_fn", decoder_fn):
+                _probe_decoder_mask(report, decoder_fn, tgt)
+                _probe_decoder_past(report, decoder_fn)
         if cross_fn is not None:
-            _probe_cross_mask(report, cross_fn, src, tgt, explicit=full_contract)
+            with slot_watch(report, "cross_fn", cross_fn):
+                _probe_cross_mask(report, cross_fn, src, tgt, explicit=full_contract)
         if full_contract:
             _probe_errors(report, padding_fn, lookahead_fn, cross_fn, src, tgt)
         for name, fn, args in (("padding_fn", padding_fn, (src, 1)),

@@ -107,6 +107,33 @@ def _parse(source):
         return None
 
 
+# what a prediction may call or read without pasting: modules, functions, classes
+_TOOLS = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type)
+
+
+def _reads(node):
+    """The outermost ``name`` or ``name.attr.attr`` chains ``node`` reads (Load context)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+        root = node
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        if isinstance(root, ast.Name):
+            return [node]
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        return [node]
+    return [leaf for child in ast.iter_child_nodes(node) for leaf in _reads(child)]
+
+
+def _resolve(chain, namespace):
+    """The value of a ``name.attr...`` chain in ``namespace`` (None if an attribute fails)."""
+    if isinstance(chain, ast.Name):
+        return namespace.get(chain.id)
+    try:
+        return getattr(_resolve(chain.value, namespace), chain.attr)
+    except Exception:  # noqa: BLE001 - a property that raises: not a plain setting
+        return None
+
+
 def pasted_names(predicted, namespace: dict, inputs, current: str) -> list[str]:
     """Names of the notebook's variables that the prediction's line reads, e.g. ``var_raw`` in
     ``predicted = var_raw[6]``. The prediction's variable is a name the grading cell
@@ -128,17 +155,19 @@ def pasted_names(predicted, namespace: dict, inputs, current: str) -> list[str]:
             targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
             if not wanted.intersection(targets):
                 continue
-            read = {n.id for n in ast.walk(node.value)
-                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-            names = [name for name in read if name in namespace
-                     and not hasattr(builtins, name)
-                     and not isinstance(namespace[name], types.ModuleType)
-                     and not callable(namespace[name])]
-            if not isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript)):
-                # arithmetic on the notebook's settings (d_model // n_heads) is reasoning;
-                # reading a computed result (a tensor, a list, a table) is not
-                names = [name for name in names
-                         if not isinstance(namespace[name], (bool, int, float, str))]
+            bare = isinstance(node.value, (ast.Name, ast.Attribute, ast.Subscript))
+            names = set()
+            for leaf in _reads(node.value):
+                root = leaf
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                name = root.id
+                if (name not in namespace or hasattr(builtins, name)
+                        or isinstance(namespace[name], _TOOLS)):
+                    continue  # a module, function or class: a tool, not a result
+                if not bare and isinstance(_resolve(leaf, namespace), (bool, int, float, str)):
+                    continue  # arithmetic on settings (d_model // n_heads, config.d_model)
+                names.add(name)  # a computed result: a tensor, a list, a model's output
             return sorted(names)
     return []
 

@@ -235,10 +235,44 @@ def _delegation(report: _Report, found: list[str]) -> None:
     grade gives it no credit."""
     pytorch = [text for text in found if text.startswith("it calls PyTorch's")]
     for text in pytorch:
-        report.note(f"{text}: right, but a grade gives it no credit (the exercise is to build it)")
+        if "label_smoothing" in text or "cross_entropy_loss" in text:
+            _fail_probe(report, "the smoothed target is built here")  # the check's own probe
+            report.mistake("ls_builtin_smoothing", text)  # missed a renamed F.cross_entropy
+        else:
+            report.note(f"{text}: right, but a grade gives it no credit (the exercise is to "
+                        "build it)")
     if len(pytorch) < len(found):
         report.probe(False, "the work is your code's own, not the reference's")
         report.mistake("delegated", "; ".join(t for t in found if t not in pytorch))
+
+
+def _fail_probe(report: _Report, start: str) -> None:
+    """Turn the probe whose text begins with ``start`` into a failure (add it if missing)."""
+    for i, (_, text) in enumerate(report.probes):
+        if text.startswith(start):
+            report.probes[i] = (False, text)
+            return
+    report.probe(False, start)
+
+
+@contextlib.contextmanager
+def slot_watch(report: _Report, slot: str, fn):
+    """The in-notebook watch for one of check_masks' functions (``slot``: ``"padding_fn"``,
+    ...): only that mask's own reference is delegation (a decoder mask may use
+    ``tx.padding_mask`` as a part). Nothing when a grade's watch is running."""
+    from .delegation import reference_names, watch_references
+
+    outer = getattr(sys.getprofile(), "__self__", None)
+    if isinstance(outer, watch_references) or not callable(fn):
+        yield
+        return
+    watch = watch_references(reference_names("check_masks", slot))
+    try:
+        with watch:
+            yield
+    finally:  # a probe that stops the check still reports the route
+        if watch.found:
+            _delegation(report, watch.found)
 
 
 def _run_check(name: str, body, verbose: bool, subject=None) -> CheckResult:

@@ -109,6 +109,22 @@ exec(source[source.index("def "):], namespace)  # without its decorator
 def greedy_decode({GREEDY_ARGS}):
     return namespace["greedy_decode"]({GREEDY_CALL})
 """),
+    "a method's source dedented and compiled again": ("DecoderLayer", """
+import inspect
+import textwrap
+from torch import nn
+import tx_helpers as T
+namespace = dict(vars(inspect.getmodule(T.DecoderLayer)))
+exec(textwrap.dedent(inspect.getsource(T.DecoderLayer.forward)), namespace)
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.1, norm_first=False):
+        super().__init__()
+        own = T.DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first=norm_first)
+        for name, child in own.named_children():
+            setattr(self, name, child)
+        self.norm_first = norm_first
+    forward = namespace["forward"]
+"""),
     "eval": ("decoder_self_mask", """
 def decoder_self_mask(tgt, pad_idx):
     return eval("__import__('tx_helpers').decoder_self_mask")(tgt, pad_idx)
@@ -425,7 +441,9 @@ def test_a_check_run_in_the_notebook_says_what_the_grade_will_say():
     import tx_helpers as tx
 
     wrapper = _cell(GAMED["module alias"][1], "in-notebook")["padding_mask"]
-    assert g.check_masks(padding_fn=wrapper, verbose=False).passed  # masks: graded per slot
+    assert g.check_masks(padding_fn=wrapper, verbose=False).mistakes == ["delegated"]
+    part = _cell(CORRECT["decoder mask on tx.padding_mask"][1], "in-notebook")
+    assert g.check_masks(decoder_fn=part["decoder_self_mask"], verbose=False).passed  # a part
     attention = _cell("import tx_helpers.attention as A\n"
                       "def attention(q, k, v, mask=None, dropout=None):\n"
                       "    return A.scaled_dot_product_attention(q, k, v, mask, dropout)\n",
@@ -442,3 +460,32 @@ def test_a_check_run_in_the_notebook_says_what_the_grade_will_say():
     gamed = _cell(GIVEN_INIT.format(forward="return tx.PositionalEncoding.forward(self, x)"),
                   "forward delegates")["MyPositionalEncoding"]
     assert "delegated" in g.check_positional_encoding(gamed, verbose=False).mistakes
+
+
+LOOKAHEAD_FROM_PYTORCH = """
+import torch
+from torch import nn
+def lookahead_mask(size, device=None, *, past=0):
+    scores = nn.Transformer.generate_square_subsequent_mask(past + size, device=device)
+    return torch.isinf(scores)[past:]  # (size, past + size): True above the diagonal
+"""
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_pytorchs_square_subsequent_mask_is_not_the_learners_lookahead_mask():
+    fn = _cell(LOOKAHEAD_FROM_PYTORCH, "generate_square_subsequent_mask")["lookahead_mask"]
+    in_notebook = g.check_masks(lookahead_fn=fn, verbose=False)
+    assert in_notebook.passed and "generate_square_subsequent_mask" in in_notebook.report
+    mark = g.mark_exercise("lookahead_mask", fn, points=1, verbose=False)
+    assert mark.score == 0 and "generate_square_subsequent_mask" in mark.delegated
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_pytorchs_smoothing_under_a_new_name_fails_the_check_itself():
+    """A renamed F.cross_entropy escapes the check's patch of F; the watch names it."""
+    fn = _cell("from torch.nn.functional import cross_entropy as ce\n"
+               "def smoothed_loss(logits, target, eps, pad_idx):\n"
+               "    return ce(logits, target, label_smoothing=eps, ignore_index=pad_idx)\n",
+               "renamed")["smoothed_loss"]
+    result = g.check_label_smoothing(fn, verbose=False)
+    assert not result.passed and result.mistakes == ["ls_builtin_smoothing"], result.report

@@ -134,6 +134,23 @@ def test_pasted_names_finds_a_notebook_variable_in_the_prediction_line():
     assert pasted_names(answer, ns, ["predicted_var = d_model"], grading) == ["d_model"]
     assert pasted_names(answer, ns, ["predicted_var = var_raw[1] * n_heads"],
                         grading) == ["var_raw"]
+    # a setting read off a config inside arithmetic or a tuple is reasoning; a model's output
+    # is a computed result even though the model is callable
+    class Config:
+        d_model = 128
+
+    class Model:
+        def __call__(self, x):
+            return x
+
+        def encode(self, x):
+            return x
+
+    ns.update(config=Config(), model=Model(), src=var_raw)
+    assert pasted_names(answer, ns, ["predicted_var = (4, 17, config.d_model)"], grading) == []
+    assert pasted_names(answer, ns, ["predicted_var = config.d_model"], grading) == ["config"]
+    assert pasted_names(answer, ns, ["predicted_var = tuple(model.encode(src))"],
+                        grading) == ["model", "src"]
     # a set-up cell after the prediction (not only assignments) is not taken for it
     setup = "d_k = len(var_raw)\nprint(d_k)"
     assert pasted_names(answer, ns, inputs[:1] + ["predicted_var = 61.6", setup], grading) == []
