@@ -64,6 +64,28 @@ def test_written_values_count_in_visible_text_and_code_but_not_in_answers_or_fol
     assert len(audit.visible_answers(labelled)) == 1  # "label: value" gives it away
 
 
+def test_folded_blocks_count_before_the_answer_cell_and_between_it_and_its_grading_cell():
+    """A learner opens folds: one that shows the value before the answer cell gives it away,
+    and any fold but a hint between the answer cell and its grading cell is read as the answer
+    (notebook 11's "Say this" under Q2 and Q3: "quadruples", "66,048")."""
+    aside = _nb(("md", "<details><summary>Aside</summary>it is (2, 5, 16)</details>"),
+                ("md", QUESTION), ("code", PREDICT), ("code", GRADE))
+    assert [v["where"] for v in audit.visible_answers(aside)] == ["folded block"]
+    say = "<details><summary>Say this</summary>Doubling L quadruples it.</details>"
+    count = _nb(("md", "**Predict.** By what factor?"), ("code", "f = 4  ### PREDICTION"),
+                ("md", say), ("code", 'labkit.check_prediction("f", f, 4)'))
+    assert audit.visible_answers(count) == [{"prediction": "f", "value": "4", "cell": 2,
+                                             "where": "folded block before the grading cell"}]
+    commas = _nb(("md", "**Predict.** How many?"), ("code", "n = 66_048  ### PREDICTION"),
+                 ("md", "Four projections: 66,048."),
+                 ("code", 'labkit.check_prediction("n", n, 1)'))
+    assert [v["where"] for v in audit.visible_answers(commas)] == ["text before the grading cell"]
+    after = _nb(("md", "**Predict.** By what factor?"), ("code", "f = 4  ### PREDICTION"),
+                ("md", "<details><summary>Hint 1: the idea</summary>pairs</details>"),
+                ("code", 'labkit.check_prediction("f", f, 4)'), ("md", say))
+    assert audit.visible_answers(after) == []  # a hint between, the answer after the grading
+
+
 EXERCISE = '''def padding_mask(seq, pad_idx):
     """(N, L) ids -> (N, 1, L) bool."""
     ### BEGIN SOLUTION

@@ -55,7 +55,8 @@ def _forms(value_source: str) -> tuple[list[str], bool]:
         return [f"({inner})", f"[{inner}]"], len(value) >= 2
     if isinstance(value, (int, float)):
         text = f"{value:g}" if isinstance(value, float) else str(value)
-        return [text], abs(value) >= 100 or (isinstance(value, float) and value != int(value))
+        forms = [text] + ([f"{value:,}"] if isinstance(value, int) and abs(value) >= 1000 else [])
+        return forms, abs(value) >= 100 or (isinstance(value, float) and value != int(value))
     text = str(value)
     return [text], False  # a word: the prose uses words; only a printed "label: word" counts
 
@@ -90,21 +91,24 @@ def visible_answers(solved) -> list[dict]:
     """Predictions whose expected value a cell of the exercise copy shows before the
     learner's answer cell. ``solved`` is the solved notebook: its outputs are what running a
     cell prints; the copy keeps what is not teacher-only and collapses the prediction grading
-    and Check-yourself proof cells, as :func:`make_exercise` does."""
+    and Check-yourself proof cells, as :func:`make_exercise` does. Folded ``<details>`` blocks
+    count too (a learner opens them): before the answer cell when they show the value, and
+    between the answer cell and its grading cell whatever they hold (the learner is told to
+    run the grading cell next, so a fold there is read as the answer)."""
     info = lab_info(solved)
     found = []
     for p in info["predictions"]:
         forms, specific = _forms(p["value"])
-        if not forms:
-            continue
-        for index in range(p["cell"]):
+        hit_at = None
+        for index in range(p["cell"] if forms else 0):
             cell = solved.cells[index]
             if is_teacher_only(cell):
                 continue  # not in the copy
             if cell.cell_type == "markdown":
-                where = "text"
-                hit = specific and _shows(_without_details(strip_answers(cell.source)), forms,
-                                          True)
+                text = strip_answers(cell.source)
+                hit = specific and _shows(text, forms, True)
+                where = "text" if hit and _shows(_without_details(text), forms, True) \
+                    else "folded block"
             else:
                 where = "output"
                 hit = _shows(_printed(cell), forms, specific)
@@ -113,10 +117,30 @@ def visible_answers(solved) -> list[dict]:
                     where = "code"
                     hit = _shows(strip_hidden_tests(cell.source), forms, True)
             if hit:
-                found.append({"prediction": p["name"], "value": p["value"], "cell": index,
-                              "where": where})
+                hit_at = (index, where)
                 break
+        if hit_at is None:
+            hit_at = _before_grading(solved, p, forms, specific)
+        if hit_at is not None:
+            found.append({"prediction": p["name"], "value": p["value"], "cell": hit_at[0],
+                          "where": hit_at[1]})
     return found
+
+
+def _before_grading(solved, p, forms, specific):
+    """(cell, where) of the first markdown between a prediction's answer cell and its grading
+    cell that shows the value or holds a folded block other than a hint tier, else None."""
+    for index in range(p["cell"] + 1, p.get("check_cell", p["cell"] + 1)):
+        cell = solved.cells[index]
+        if cell.cell_type != "markdown" or is_teacher_only(cell):
+            continue
+        text = strip_answers(cell.source)
+        if forms and specific and _shows(text, forms, True):
+            return index, "text before the grading cell"
+        summaries = re.findall(r"<summary\b[^>]*>\s*([^<]*)", text, re.IGNORECASE)
+        if any(not s.startswith("Hint") for s in summaries):
+            return index, "folded block before the grading cell"
+    return None
 
 
 def _without_details(text: str) -> str:
