@@ -218,6 +218,11 @@ BLOCKS: dict[str, tuple[str, str]] = {
     "embeddings_not_scaled": ("the embeddings are not multiplied by sqrt(d_model)",
                               "the paper multiplies the embeddings by the square root of d_model "
                               "before the positional encoding"),
+    "embedding_scale_hard_coded": ("the embeddings are scaled by the square root of a fixed "
+                                   "width (128 or 512), not of the d_model the module was built "
+                                   "with",
+                                   "the scale follows the width of this module, which the check "
+                                   "builds at another size than the notebook's"),
     "no_final_norm": ("the final LayerNorm after the last encoder/decoder layer is missing",
                       "with Post-LN this project's stacks end with one more LayerNorm after the "
                       "last layer"),

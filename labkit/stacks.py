@@ -31,7 +31,9 @@ def _decoder_variant(ref: Decoder, tgt, memory, tgt_mask, memory_mask, emb=None,
     """The reference decoder's forward with one or more of the usual stack mistakes."""
     x = ref.embedding(tgt)  # (N, L_tgt, d_model)
     scale = math.sqrt(ref.d_model)
-    if emb is None:
+    if emb in ("fixed_128", "fixed_512"):  # the width of the notebook's config or the paper's
+        scale = math.sqrt(int(emb.removeprefix("fixed_")))
+    if emb in (None, "fixed_128", "fixed_512"):
         x = x * scale
     x = ref.pos_encoding(x) if pe else x
     if emb == "after_pe":
@@ -44,7 +46,8 @@ def _decoder_variant(ref: Decoder, tgt, memory, tgt_mask, memory_mask, emb=None,
 
 
 _AXES = {
-    "emb": [None, ("embeddings_not_scaled", "unscaled"), ("embedding_stage_wrong", "after_pe")],
+    "emb": [None, ("embeddings_not_scaled", "unscaled"), ("embedding_stage_wrong", "after_pe"),
+            ("embedding_scale_hard_coded", "fixed_128"), ("embedding_scale_hard_coded", "fixed_512")],
     "pe": [True, ("pe_not_added", False)],
     "final_norm": [True, ("no_final_norm", False)],
     "masks": ["both", ("memory_mask_not_passed", "tgt_only"),

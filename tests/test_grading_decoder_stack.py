@@ -84,6 +84,29 @@ def test_stack_mistakes_are_named(kw, key):
     assert not result.passed and key in result.mistakes, result.report
 
 
+ARTICLE = tx.ModelConfig()  # the notebook's global config, d_model 128
+
+
+class ScaleFromGlobalConfig(Good):
+    """06's stub stores no d_model: the scale taken from the notebook's cfg instead."""
+
+    def stream(self, tgt, scale=True, pe=True):
+        return self.pos_encoding(self.embedding(tgt) * math.sqrt(ARTICLE.d_model))
+
+
+class ScaleFromEmbedding(Good):
+    """Correct: the width read off the embedding."""
+
+    def stream(self, tgt, scale=True, pe=True):
+        return self.pos_encoding(self.embedding(tgt) * math.sqrt(self.embedding.embedding_dim))
+
+
+def test_hard_coded_scale_is_named_and_the_embedding_width_passes():
+    result = labkit.check_decoder(ScaleFromGlobalConfig, verbose=False)
+    assert not result.passed and result.mistakes == ["embedding_scale_hard_coded"], result.report
+    assert labkit.check_decoder(ScaleFromEmbedding, verbose=False).passed
+
+
 def test_discovery_pairs_a_decoder_stack_and_keeps_the_layer_rule():
     found = [label for label, _ in labkit.find_checks(
         {"MyDecoder": Good, "MyDecoderLayer": BrokenLayer}, module=None)]
