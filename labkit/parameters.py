@@ -10,12 +10,18 @@ biases forgotten, a LayerNorm without its shift, the final norms or the decoder'
 left out, a tied table counted more than once, the positional table (a buffer) counted, d_ff
 taken as 4 d_model. Building any ``nn.Module`` (a tx block, ``nn.Transformer``, an ``nn.Linear``)
 or calling ``tx.count_parameters`` inside the function fails (``param_built_model``), and so does
-calling the kit's own reference (``_formula``, ``_references``: ``delegated``).
+calling the kit's own reference (``_formula``, ``_references``: ``delegated``). Besides three fixed
+configs, one is drawn at random on every call, so answers stored for the fixed ones fail; and a
+child process started or fed while the function runs (``subprocess``, ``os.fork``,
+``multiprocessing``, a process pool) is refused (``param_child_process``): a model built there is
+still a model built.
 """
 from __future__ import annotations
 
 import itertools
 import numbers
+import random
+import sys
 from dataclasses import replace
 
 import torch
@@ -56,6 +62,10 @@ MISTAKES.update({
                           "(or from tx.count_parameters)",
                           "the exercise asks for the counts from the config's sizes alone: "
                           "multiply the shapes of each block, build nothing"),
+    "param_child_process": ("the function starts or feeds another process (subprocess, fork, "
+                            "multiprocessing), which could build the model for it",
+                            "count in the function itself, from the config's sizes: no other "
+                            "process, no model"),
 })
 
 # (label, config): sizes all different, a tied model, and d_ff != 4 d_model.
@@ -106,6 +116,23 @@ def _references() -> list:
     if not _REFS:
         _REFS.extend((label, c, measured_counts(c)) for label, c in _CONFIGS)
     return _REFS
+
+
+_DRAWN = "a config drawn at random for this call"
+
+
+def _drawn_config() -> ModelConfig:
+    """A config with sizes drawn afresh (from the OS's randomness, not the seeded generators)."""
+    pick = random.SystemRandom()
+    n_heads = pick.choice((1, 2, 4, 8))
+    d_model = n_heads * pick.randint(2, 12)
+    d_ff = pick.choice([f for f in range(8, 200, 4) if f != 4 * d_model])
+    tied = pick.random() < 0.5
+    src = pick.randint(10, 300)
+    tgt = src if tied else pick.choice([v for v in range(10, 300) if v != src])
+    return ModelConfig(src_vocab_size=src, tgt_vocab_size=tgt, d_model=d_model, n_heads=n_heads,
+                       d_ff=d_ff, n_layers=pick.randint(1, 4), max_len=pick.randint(8, 100),
+                       pad_idx=pick.randint(0, 5), share_embeddings=tied)
 
 
 def _formula(c: ModelConfig, *, biases=True, ln_vectors=2, final_norms=True, cross=True,
@@ -211,6 +238,68 @@ def _forbid_models():
     return restore, refused
 
 
+_CHILD_EVENTS = frozenset({"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn",
+                           "os.spawn", "os.exec", "os.system", "pty.spawn"})
+_CHILD_REFUSALS: list = []  # while fn runs: [the list its refusals go to]
+
+
+def _child_hook(event: str, args) -> None:
+    """The audit hook (installed once, never removable) that refuses a new process."""
+    if _CHILD_REFUSALS and event in _CHILD_EVENTS:
+        _CHILD_REFUSALS[0].append(event)
+        raise _Built
+
+
+def _forbid_children():
+    """Refuse starting or feeding another process until ``restore()``; returns
+    ``(restore, refused)``, a list of what was refused (kept if the learner swallows it).
+
+    The audit hook sees ``subprocess``, ``os.fork``/``posix_spawn``/``system``/``exec``; the
+    routes it does not see are locked by hand: a multiprocessing ``Process.start`` (spawn and
+    forkserver start no audited fork), ``_posixsubprocess.fork_exec``, and handing work to a
+    process pool, queue or pipe that was started before the call."""
+    import _posixsubprocess
+    import concurrent.futures
+    import multiprocessing.connection
+    import multiprocessing.pool
+    import multiprocessing.process
+    import multiprocessing.queues
+
+    if _child_hook not in _HOOKED:
+        sys.addaudithook(_child_hook)
+        _HOOKED.append(_child_hook)
+    refused: list[str] = []
+
+    def lock(name):
+        def refuse(*args, **kwargs):
+            refused.append(name)
+            raise _Built
+        return refuse
+
+    routes = [(_posixsubprocess, "fork_exec"),
+              (multiprocessing.process.BaseProcess, "start"),
+              (concurrent.futures.ProcessPoolExecutor, "submit"),
+              (multiprocessing.queues.Queue, "put"),
+              (multiprocessing.queues.SimpleQueue, "put"),
+              (multiprocessing.connection._ConnectionBase, "send"),
+              (multiprocessing.connection._ConnectionBase, "send_bytes")]
+    routes += [(multiprocessing.pool.Pool, name) for name in (
+        "apply_async", "_map_async", "imap", "imap_unordered")]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name in routes]
+    for owner, name, _ in saved:
+        setattr(owner, name, lock(f"{getattr(owner, '__name__', owner)}.{name}"))
+    _CHILD_REFUSALS[:] = [refused]
+
+    def restore() -> None:
+        _CHILD_REFUSALS.clear()
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    return restore, refused
+
+
+_HOOKED: list = []
+
+
 def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
     """Check ``fn(config) -> {group: count}`` against the built ``tx.Transformer(config)``.
 
@@ -220,10 +309,13 @@ def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
     in pairs) on every config.
     """
     def body(report: _Report):
-        refs = list(_references())
+        drawn = _drawn_config()
+        cached = list(_references())
+        refs = [*cached, (_DRAWN, drawn, measured_counts(drawn))]
         got_all = []
         _REFS.clear()  # the cached answers are out of reach while fn runs
         restore, refused = _forbid_models()
+        restore_children, children = _forbid_children()
         watch = watch_references(set())  # the kit's own _formula and _references
         try:
             with watch:
@@ -231,24 +323,30 @@ def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
                     try:
                         got = _call(report, f"fn({label})", fn, replace(c))
                     except (_Built, _Failed):
-                        if not refused:
+                        if not (refused or children):
                             raise
+                    if children or not (_CHILD_REFUSALS and _CHILD_REFUSALS[0] is children):
+                        report.probe(False, f"fn({label}) counts in its own process")
+                        report.mistake("param_child_process", children[0] if children else None)
+                        raise _Failed
                     if refused:
                         report.probe(False, f"fn({label}) counts from the config's sizes")
                         report.mistake("param_built_model")
                         raise _Failed
                     got_all.append(_as_counts(report, got, label))
         finally:
+            restore_children()
             restore()
-            _REFS[:] = refs
+            _REFS[:] = cached
             if watch.found:
                 report.mistake("delegated", "; ".join(watch.found))
         if watch.found:
             report.probe(False, "fn counts without the lab kit's own reference")
             raise _Failed
         for (label, _, ref), got in zip(refs, got_all, strict=True):
-            report.probe(got == ref, f"counts for {label} match tx.Transformer "
-                         f"(total {sum(ref.values()):,} = tx.count_parameters)")
+            total = ("" if label == _DRAWN
+                     else f" (total {sum(ref.values()):,} = tx.count_parameters)")
+            report.probe(got == ref, f"counts for {label} match tx.Transformer{total}")
         if all(got == ref for (_, _, ref), got in zip(refs, got_all, strict=True)):
             return
         _name_mistakes(report, refs, got_all)

@@ -1,7 +1,14 @@
 """check_parameter_counts (notebook 01's lab): correct counters pass, usual mistakes are named."""
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import json
 import math
+import multiprocessing
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -226,7 +233,83 @@ def test_the_kits_own_counts_are_delegation():
 
 def test_every_new_mistake_has_text_and_a_hint():
     keys = [k for k in labkit.MISTAKES if k.startswith("param_")]
-    assert len(keys) == 10
+    assert len(keys) == 11
     for key in keys:
         text, hint = labkit.MISTAKES[key]
         assert text and hint
+
+
+def test_answers_cached_for_the_fixed_configs_fail():
+    """A cold reader's route: the measured counts of the three fixed configs, stored beforehand."""
+    parameters = labkit.parameters
+    cache = {repr(c): parameters.measured_counts(c) for _, c in parameters._CONFIGS}
+    result = quiet(lambda c: dict(cache[repr(c)]))
+    assert not result.passed, result.report
+    assert "drawn at random" in result.report
+
+
+_CHILD = ("import json, sys; from tx_helpers.config import ModelConfig; "
+          "from labkit.parameters import measured_counts; "
+          "print(json.dumps(measured_counts(ModelConfig(**json.loads(sys.argv[1])))))")
+
+
+def via_subprocess(config):  # a cold reader's route: the model built in a child process
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dataclasses.asdict(config))],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def via_os_fork(config):  # the same, by hand
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return by_modules(config)
+
+
+def via_spawned_process(config):  # multiprocessing's spawn start method: no audited fork
+    process = multiprocessing.get_context("spawn").Process(target=len, args=((),))
+    process.start()
+    process.join()
+    return by_modules(config)
+
+
+def swallows_the_child_refusal(config):
+    try:
+        subprocess.run(["true"], check=False)
+    except BaseException:  # noqa: BLE001 - the point of the case
+        pass
+    return by_modules(config)
+
+
+@pytest.mark.parametrize("fn", [via_subprocess, via_os_fork, via_spawned_process,
+                                swallows_the_child_refusal])
+def test_a_child_process_fails(fn):
+    if fn is not via_subprocess:  # that one works too, but a fresh interpreter takes seconds
+        assert fn(tx.ModelConfig()) == labkit.parameters.measured_counts(tx.ModelConfig())
+    result = quiet(fn)
+    assert not result.passed and result.mistakes == ["param_child_process"], result.report
+    subprocess.run(["true"], check=True)  # allowed again after the check
+    assert quiet(by_modules).passed
+
+
+def test_a_pool_started_before_the_call_is_refused():
+    with concurrent.futures.ProcessPoolExecutor(1, multiprocessing.get_context("fork")) as pool:
+        pool.submit(len, ()).result()  # the worker is up before the check runs
+
+        def via_pool(config):
+            return pool.submit(by_modules, config).result()
+
+        assert via_pool(tx.ModelConfig()) == by_modules(tx.ModelConfig())
+        result = quiet(via_pool)
+        assert not result.passed and result.mistakes == ["param_child_process"], result.report
+        assert pool.submit(len, ()).result() == 0  # the pool works again
+
+
+def test_switching_the_guard_off_is_caught():
+    def unguarded(config):
+        labkit.parameters._CHILD_REFUSALS.clear()
+        return by_modules(config)
+
+    result = quiet(unguarded)
+    assert not result.passed and result.mistakes == ["param_child_process"], result.report
