@@ -244,15 +244,3 @@ def run_with_stand_in_dropout(module: nn.Module, call):
             handle.remove()
         module.train(was_training)
     return out, seen, changed
-
-
-def no_dropout_module(report: _Report, text: str, changed: bool, unused_key: str) -> None:
-    """The verdict when no nn.Dropout ran in train mode: a note if the output still changed
-    (``F.dropout``: where it acts is not checked), else ``unused_key``."""
-    if report.probe(changed, text + (" (checked only for a change: no nn.Dropout submodule "
-                                     "was called)" if changed else "")):
-        report.note("in train mode the output changes, but not through an nn.Dropout "
-                    "submodule (self.dropout), so where dropout acts was not checked")
-        return
-    report.mistake(unused_key, "in train mode self.dropout is never called and the output "
-                   "equals the eval-mode output")

@@ -93,8 +93,8 @@ BLOCKS: dict[str, tuple[str, str]] = {
                          "start says",
                          "a sequence that continues from position start holds positions start "
                          "onwards: its rows of the table begin there"),
-    "pe_dropout_unused": ("in train mode the positional encoding's dropout is never called: "
-                          "training sees the same output as evaluation",
+    "pe_dropout_unused": ("in train mode the positional encoding's own dropout module is "
+                          "never called: no dropout, or F.dropout in its place",
                           "the contract regularises the sum in training mode: the module's own "
                           "dropout has to see it"),
     "pe_dropout_misplaced": ("dropout acts on the wrong tensor, or more than once: the input "

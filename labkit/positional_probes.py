@@ -18,7 +18,6 @@ from .compare import (
     _as_output,
     _close,
     dropout_stand_in,
-    no_dropout_module,
     run_with_stand_in_dropout,
 )
 from .report import _call, _explain, _Report
@@ -189,15 +188,20 @@ def _train_mode_probe(report: _Report, module, x, ref) -> None:
 
     Each nn.Dropout returns :func:`~labkit.compare.dropout_stand_in` of its input, so
     the expected output is ``dropout_stand_in(x + pe[:L])``: no random numbers are compared.
-    A forward whose dropout does not go through an nn.Dropout submodule (``F.dropout``) is
-    only checked to change the output in train mode, with a note.
+    A forward that never calls an nn.Dropout submodule fails (``pe_dropout_unused``), even when
+    ``F.dropout`` changes its output: the contract names ``self.dropout``, and where a
+    functional dropout acts cannot be seen.
     """
     length = x.size(1)
     text = "train mode: dropout acts once, on the sum x + pe[:L]"
     out, seen, changed = run_with_stand_in_dropout(module, lambda: _as_output(
         report, _call(report, "forward(x) in train mode", module, x.clone())))
     if not seen:
-        no_dropout_module(report, text, changed, "pe_dropout_unused")
+        report.probe(False, text + " (self.dropout, the module's nn.Dropout, was never called)")
+        report.mistake("pe_dropout_unused", "in train mode self.dropout is never called"
+                       + (": the output changes, but not through the module the contract "
+                          "names (F.dropout given self.dropout.p?)" if changed
+                          else " and the output equals the eval-mode output"))
         return
     if report.probe(_close(out, dropout_stand_in(x + ref[:length])), text):
         return

@@ -707,13 +707,23 @@ def test_pe_forward_start_on_request():
 
 
 class PEDropoutFunctional(PEStartByIndex):
-    """Correct, written another way: F.dropout with the module's p and training flag, a slice."""
+    """F.dropout on the sum with the module's p: the contract's self.dropout is never called."""
 
     def forward(self, x, start=0):
         if start + x.size(1) > self.pe.size(0):
             raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
         rows = self.pe[start:start + x.size(1)].unsqueeze(0)  # (1, L, d_model)
         return torch.nn.functional.dropout(x + rows, self.drop.p, self.training)
+
+
+class PEDropoutFunctionalOnTable(PEStartByIndex):
+    """A cold reader's fooling case: F.dropout on the table rows only, self.dropout unused."""
+
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        rows = self.pe[start:start + x.size(1)]  # (L, d_model)
+        return x + torch.nn.functional.dropout(rows, self.drop.p, self.training)
 
 
 class PEDropoutNone(PEStartByIndex):
@@ -747,9 +757,9 @@ class PEDropoutTwice(PEStartByIndex):
 def test_pe_dropout_in_train_mode_on_request():
     for cls in (PEStartByIndex, tx.PositionalEncoding):
         assert quiet(g.check_positional_encoding, cls, forward_start=True, train_mode=True).passed
-    result = quiet(g.check_positional_encoding, PEDropoutFunctional, forward_start=True,
-                   train_mode=True)
-    assert result.passed and "not through an nn.Dropout" in result.report, result.report
+    for cls in (PEDropoutFunctional, PEDropoutFunctionalOnTable):  # where F.dropout acts is unseen
+        assert_fails_with(quiet(g.check_positional_encoding, cls, forward_start=True,
+                                train_mode=True), "pe_dropout_unused", "F.dropout")
     assert quiet(g.check_positional_encoding, PEDropoutNone, forward_start=True).passed  # default
     assert_fails_with(quiet(g.check_positional_encoding, PEDropoutNone, forward_start=True,
                             train_mode=True), "pe_dropout_unused", "never called")
