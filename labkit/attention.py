@@ -71,7 +71,8 @@ def check_attention(fn, *, full_contract: bool = False, verbose: bool = True) ->
 
     ``full_contract=True`` (notebook 03's exercise) also probes what the project's contract
     says beyond the numbers: a query whose keys are all masked gets uniform weights, finite
-    (the fill is the dtype's most negative finite number, not -inf); float16 inputs work (a
+    (the fill is the dtype's most negative finite number, not -inf); masked keys get no weight
+    even when every visible score is -1e5 (no fixed fill such as -1e4); float16 inputs work (a
     fill that fits the dtype: defect 8); and, when ``fn`` takes ``dropout``, a dropout module
     in train mode acts once, on the weights.
     """
@@ -130,6 +131,7 @@ def check_attention(fn, *, full_contract: bool = False, verbose: bool = True) ->
                                    else fn(q, k, v, m))
         if full_contract and not report.found:
             _fully_masked_probe(report, fn, q, k, v)
+            _large_scores_probe(report, fn)
             _half_probe(report, fn, q, k, v, mask)
             if _takes(fn, "dropout"):
                 _dropout_probe(report, fn, q, k, v, mask)
@@ -176,6 +178,30 @@ def _fully_masked_probe(report: _Report, fn, q, k, v) -> None:
     else:
         report.mistake("mismatch", "with one query's keys all masked, the output differs from "
                        "the reference")
+
+
+def _large_scores_probe(report: _Report, fn) -> None:
+    """Every unmasked score is -1e5: a fixed fill such as -1e4 then outranks the visible keys,
+    where the contract's fill (the dtype's most negative finite number) still gives them all."""
+    d_k, l_k = 4, 5
+    q = torch.zeros(1, 1, 2, d_k)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, l_k, d_k)
+    k[..., 0] = -2e5  # scaled score -2e5 / sqrt(4) = -1e5 for every key
+    v = torch.arange(l_k * 3, dtype=torch.float32).view(1, 1, l_k, 3)  # (1, 1, L_k, d_v)
+    mask = torch.zeros(2, l_k, dtype=torch.bool)  # (L_q, L_k)
+    mask[:, 3:] = True  # keys 3 and 4 hidden from both queries
+    text = ("with scores of -1e5 the masked keys still get no weight (the fill is the dtype's "
+            "most negative number, not a fixed constant)")
+    try:
+        out, _ = _split(fn(q.clone(), k.clone(), v.clone(), mask))
+        out = _as_output(report, out)
+    except Exception:  # noqa: BLE001 - the main probes already reported errors
+        return
+    ref, _ = _scaled_reference(q, k, v, mask)
+    if not report.probe(_close(out, ref), text):
+        report.mistake("mask_fill_weak", "with every visible score at -1e5 the output is not "
+                       "the mean of the visible keys' values: a fill such as -1e4 outranks them")
 
 
 def _half_probe(report: _Report, fn, q, k, v, mask) -> None:

@@ -135,7 +135,8 @@ def make_attn_contract(fill="finfo", drop="weights"):
         s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
         if mask is not None:
             s = s.masked_fill(mask, {"finfo": torch.finfo(s.dtype).min, "inf": float("-inf"),
-                                     "1e9": NEG, "f32min": torch.finfo(torch.float32).min}[fill])
+                                     "1e9": NEG, "f32min": torch.finfo(torch.float32).min,
+                                     "1e4": -1e4}[fill])
         if dropout is not None and drop == "scores":
             s = dropout(s)
         w = s.softmax(-1)
@@ -162,6 +163,7 @@ def test_attention_full_contract_correct_variants_pass(fn):
     (make_attn_contract(fill="inf"), "mask_fill_inf", "NaN"),
     (make_attn_contract(fill="1e9"), "mask_fill_overflow", "defect 8"),
     (make_attn_contract(fill="f32min"), "mask_fill_overflow", "float16"),
+    (make_attn_contract(fill="1e4"), "mask_fill_weak", "-1e4"),  # a reader's 7/7 pass
     (attn_sdpa, "mask_row_zeroed", "zero output"),
     (make_attn_contract(drop="output"), "attn_dropout_on_output", "output"),
     (make_attn_contract(drop="scores"), "attn_dropout_before_softmax", "before the softmax"),
