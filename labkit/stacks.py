@@ -47,7 +47,8 @@ def _decoder_variant(ref: Decoder, tgt, memory, tgt_mask, memory_mask, emb=None,
 
 _AXES = {
     "emb": [None, ("embeddings_not_scaled", "unscaled"), ("embedding_stage_wrong", "after_pe"),
-            ("embedding_scale_hard_coded", "fixed_128"), ("embedding_scale_hard_coded", "fixed_512")],
+            ("embedding_scale_hard_coded", "fixed_128"),
+            ("embedding_scale_hard_coded", "fixed_512")],
     "pe": [True, ("pe_not_added", False)],
     "final_norm": [True, ("no_final_norm", False)],
     "masks": ["both", ("memory_mask_not_passed", "tgt_only"),
