@@ -5,14 +5,15 @@ The suspects come as a colleague's code would: pipelines for the reverse task wh
 maker and initialiser run, train and look right. Which suspect has which bug is the lab's
 question, so this module does not say it: :func:`suspect` gives each as a :class:`Pipeline`
 (a model builder and a batch maker); ``suspect("control", config)`` is a correct pipeline to
-compare the readings with. :func:`is_exposed_by` grades the learner's answer against a stored
-digest (``tests/test_silent_bugs.py`` re-measures every suspect under every measurement).
+compare the readings with. :func:`verdict` grades a diagnosis from the learner's own table of
+readings (``tests/test_silent_bugs.py`` re-measures every suspect under every measurement).
 The learner's own measurement is checked by :func:`labkit.leak_map.check_leak_map`; the
 fixes by :func:`check_repaired_weights`, :func:`check_shift_targets` and
 :func:`check_init_embeddings`.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from unittest import mock
@@ -28,6 +29,7 @@ from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 
 MEASUREMENTS = ("future", "pads", "gap", "entropy")
+PIPELINES = ("control", "A", "B", "C")
 #: sha256 of "<suspect>:<measurement>" for the measurement that exposes each suspect: the graded
 #: answers, stored so that reading this file does not give them away
 _EXPOSED_SHA256 = {
@@ -35,16 +37,73 @@ _EXPOSED_SHA256 = {
     "B": "2a21048d1ad17f175dd0f5ddcba7254aa74072c2437198cb51a8fab544dbb3fd",
     "C": "d5863d0b09e70df121dcc64cc98509d23dece56115192ef90f61606c070766b7",
 }
+#: how far from the control's a reading must be to set a pipeline apart (the notebook's readings
+#: sit either near the control's or well beyond these)
+_FAR = {"future": 0.5, "pads": 1e-3, "gap": 0.3, "entropy": 0.15}
+NOT_CREDITED = "another measurement"
 
 
-def is_exposed_by(name: str, answer) -> bool:
+def _answer_text(answer) -> str | None:
+    if not isinstance(answer, str):
+        return None
+    return answer.strip().strip(chr(34) + chr(39)).lower()
+
+
+def _is_exposed_by(name: str, answer) -> bool:
     """True when ``answer`` (one of :data:`MEASUREMENTS`, any case) exposes suspect ``name``."""
     if name not in _EXPOSED_SHA256:
         raise ValueError(f"name must be one of {sorted(_EXPOSED_SHA256)}, got {name!r}")
-    if not isinstance(answer, str):
+    text = _answer_text(answer)
+    if text is None:
         return False
-    text = f"{name}:{answer.strip().strip(chr(34) + chr(39)).lower()}"
-    return hashlib.sha256(text.encode()).hexdigest() == _EXPOSED_SHA256[name]
+    return hashlib.sha256(f"{name}:{text}".encode()).hexdigest() == _EXPOSED_SHA256[name]
+
+
+def _missing(readings) -> list[str]:
+    """The entries of a readings table that are absent or not a finite number."""
+    if not isinstance(readings, dict):
+        return ["the whole table (a dict of dicts, readings[pipeline][measurement])"]
+    out = []
+    for p in PIPELINES:
+        row = readings.get(p)
+        for m in MEASUREMENTS:
+            value = row.get(m) if isinstance(row, dict) else None
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                out.append(f"readings[{p!r}][{m!r}]")
+    return out
+
+
+def _apart(readings) -> dict[str, frozenset]:
+    """For each suspect, the measurements whose reading is far from the control's."""
+    control = readings["control"]
+    return {p: frozenset(m for m in MEASUREMENTS
+                         if abs(readings[p][m] - control[m]) > _FAR[m]) for p in PIPELINES[1:]}
+
+
+def verdict(readings: dict, name: str, answer):
+    """The value to grade a diagnosis of suspect ``name`` against: ``answer`` itself when it is
+    credited, otherwise a sentence that says why not.
+
+    ``readings[pipeline][measurement]`` is the learner's own table, a number for every pipeline
+    of :data:`PIPELINES` and every measurement of :data:`MEASUREMENTS`. ``answer`` is credited
+    only when the table is complete, agrees with the lab kit's own re-measurement of fresh
+    pipelines, and its readings set suspect ``name`` apart from the control on that measurement
+    alone."""
+    if name not in _EXPOSED_SHA256:
+        raise ValueError(f"name must be one of {sorted(_EXPOSED_SHA256)}, got {name!r}")
+    missing = _missing(readings)
+    if missing:
+        return ("no credit yet: the readings table lacks a number at " + ", ".join(missing[:4])
+                + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+    if _apart(readings) != _kit_apart():
+        return ("no credit: these readings disagree with the lab kit's re-measurement of fresh "
+                "pipelines; build the table from the four read_ functions")
+    text = _answer_text(answer)
+    if _apart(readings)[name] == {text} and _is_exposed_by(name, text):
+        return answer
+    return NOT_CREDITED
+
 
 MISTAKES.update({
     "shift_unshifted": (
@@ -79,7 +138,7 @@ MISTAKES.update({
 
 # ---------------------------------------------------------------- a colleague's model
 
-def _late_mask_core(q, k, v, mask=None, dropout=None):
+def _colleague_core(q, k, v, mask=None, dropout=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., L_q, L_k)
     weights = torch.softmax(scores, dim=-1)  # (..., L_q, L_k)
     if mask is not None:
@@ -93,12 +152,11 @@ class _ColleagueCrossAttention(MultiHeadAttention):
     """The colleague's cross-attention: tx's module with its own attention core."""
 
     def forward(self, query, key, value, mask=None, cache=None):
-        with mock.patch.object(_attention, "scaled_dot_product_attention", _late_mask_core):
+        with mock.patch.object(_attention, "scaled_dot_product_attention", _colleague_core):
             return super().forward(query, key, value, mask, cache)
 
 
-def suspect_model(config, seed: int = 0) -> Transformer:
-    """A colleague's ``tx.Transformer(config)``, built under ``seed``."""
+def _colleague_model(config, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     model = Transformer(config)
     for layer in model.decoder.layers:
@@ -122,9 +180,8 @@ def _reverse_targets(n_batches: int, batch_size: int, seed: int, vocab: int, len
         yield src, tgt
 
 
-def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
-                    length: int = 8, bos: int = 1, eos: int = 2):
-    """Reverse-task batches ``(src, tgt_in, tgt_out)`` from a colleague's pipeline."""
+def _colleague_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, vocab: int = 16,
+                       length: int = 8, bos: int = 1, eos: int = 2):
     for src, tgt in _reverse_targets(n_batches, batch_size, seed, vocab, length, bos, eos):
         yield src, tgt[:, _SLICES["tgt_in"]], tgt[:, _SLICES["tgt_out"]]  # (N, L + 1) each
 
@@ -134,8 +191,7 @@ def suspect_batches(n_batches: int, batch_size: int = 32, seed: int = 0, *, voca
 _INIT = {"matrices": "xavier", "embeddings": "normal"}  # the colleague's config
 
 
-def suspect_init(model: Transformer) -> Transformer:
-    """A colleague's re-initialisation of ``model`` (in place; returns it)."""
+def _colleague_init(model: Transformer) -> Transformer:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() < 2:
@@ -179,16 +235,62 @@ def _plain(config, seed):
     return Transformer(config)
 
 
+_PARTS = ("model", "batches", "init")
+
+
+def _faulty_part(name: str) -> str | None:
+    """The part of pipeline ``name`` that is the colleague's (None for the control)."""
+    if name == "control":
+        return None
+    digest = hashlib.sha256(f"pipeline-20:{name}".encode()).hexdigest()
+    return _PARTS[int(digest, 16) % len(_PARTS)]
+
+
 def suspect(name: str, config) -> Pipeline:
     """Suspect ``"A"``, ``"B"`` or ``"C"`` as a :class:`Pipeline` for ``config``; ``"control"``
     is a correct pipeline (a plain ``tx.Transformer`` and shifted batches), the reference that
     each measurement's readings on the suspects are compared with."""
-    parts = {"A": (suspect_model, _reverse_batches), "B": (_plain, suspect_batches),
-             "C": (lambda c, s: suspect_init(_plain(c, s)), _reverse_batches),
-             "control": (_plain, _reverse_batches)}
-    if name not in parts:
-        raise ValueError(f"name must be one of {sorted(parts)}, got {name!r}")
-    return Pipeline(name, config, *parts[name])
+    if name not in PIPELINES:
+        raise ValueError(f"name must be one of {sorted(PIPELINES)}, got {name!r}")
+    part = _faulty_part(name)
+    build = {"model": _colleague_model,
+             "init": lambda c, s: _colleague_init(_plain(c, s))}.get(part, _plain)
+    batches = _colleague_batches if part == "batches" else _reverse_batches
+    return Pipeline(name, config, build, batches)
+
+
+def _default_config():
+    from tx_helpers.config import ModelConfig
+
+    return ModelConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, n_heads=4, d_ff=64,
+                       n_layers=2, dropout=0.0, pad_idx=0, max_len=32)
+
+
+@functools.lru_cache(maxsize=1)
+def _kit_apart() -> dict[str, frozenset]:
+    """The lab kit's own quick readings of fresh pipelines, reduced to which measurements set
+    each suspect apart. The gap, which needs a training run, is read from one batch instead
+    (labels equal to the decoder input make the teacher-forced accuracy a copy)."""
+    config = _default_config()
+    src, tgt_in, _ = next(_reverse_batches(1, 16, seed=9, vocab=config.tgt_vocab_size))
+    padded = torch.nn.functional.pad(src, (0, 3), value=config.pad_idx)  # (N, L + 3)
+    table = {}
+    for name in PIPELINES:
+        pipe = suspect(name, config)
+        model = pipe.model().eval()
+        with torch.no_grad():
+            base = model(src, tgt_in)  # (N, L_tgt, V)
+            future = 0
+            for t in range(tgt_in.size(1) - 1):
+                changed = tgt_in.clone()
+                changed[:, t + 1:] = 3 + (changed[:, t + 1:] - 2) % (config.tgt_vocab_size - 3)
+                future += int((model(src, changed)[:, t] - base[:, t]).abs().max() > 1e-4)
+            pads = (model(padded, tgt_in) - base).abs().max().item()
+        _, b_in, b_out = next(pipe.batches(1, 4))
+        table[name] = {"future": future, "pads": pads,
+                       "gap": float(torch.equal(b_in, b_out)),
+                       "entropy": _entropy(model, src) / _entropy(_plain(config, 0).eval(), src)}
+    return _apart(table)
 
 
 # ---------------------------------------------------------------- checks of the fixes
@@ -209,7 +311,7 @@ def check_repaired_weights(fn, *, verbose: bool = True) -> CheckResult:
         mask[1, ..., 1:] = True
         mask = mask.expand(n, 1, l_q, l_k).clone()  # (N, 1, L_q, L_k)
         mask[1, 0, 2] = True  # query 2 of sequence 1 sees no key at all
-        _, late = _late_mask_core(q, k, v, mask)  # (N, H, L_q, L_k): A's weights
+        _, late = _colleague_core(q, k, v, mask)  # (N, H, L_q, L_k): the colleague's weights
         _, want = _attention.scaled_dot_product_attention(q, k, v, mask)
         got = _call(report, "fn(weights, mask)", fn, late.clone(), mask.clone())
         if not report.probe(isinstance(got, torch.Tensor) and got.shape == want.shape,
@@ -284,17 +386,14 @@ def _entropy(model, src) -> float:
 def check_init_embeddings(fn, *, config=None, verbose: bool = True) -> CheckResult:
     """Check ``fn(model)``: the two embedding tables re-initialised to a standard deviation
     within a factor of 2 of ``d_model ** -0.5`` (10% more for a sample's noise), nothing else."""
-    from tx_helpers.config import ModelConfig
-
-    config = config or ModelConfig(src_vocab_size=16, tgt_vocab_size=16, d_model=32, n_heads=4,
-                                   d_ff=64, n_layers=2, dropout=0.0, pad_idx=0, max_len=32)
+    config = config or _default_config()
 
     def body(report: _Report):
         torch.manual_seed(0)
         reference = Transformer(config).eval()
         model = Transformer(config).eval()
         model.load_state_dict(reference.state_dict())
-        suspect_init(model)  # the learner's function starts from the colleague's tables
+        _colleague_init(model)  # the learner's function starts from the colleague's tables
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         _call(report, "fn(model)", fn, model)
         tables = {n for n in start if n.endswith("embedding.weight")}

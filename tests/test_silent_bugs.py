@@ -58,7 +58,8 @@ def entropy(model):
     return -torch.xlogy(w, w).sum(-1).mean().item()
 
 
-def gap(batches, steps=60):
+def gap_reading(batches, steps=60):
+    """Teacher-forced accuracy (last 10 steps) minus free-running accuracy after ``steps``."""
     torch.manual_seed(0)
     model = tx.Transformer(config())
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
@@ -69,25 +70,99 @@ def gap(batches, steps=60):
     pred = F.pad(ys[:, 1:], (0, L + 2 - ys.size(1)), value=PAD)
     free = (pred == TGT_OUT).float().mean().item()
     forced = sum(h.accuracy[-10:]) / 10
-    return forced > 0.9 and free < forced - 0.3
+    return forced, forced - free
+
+
+def gap(batches, steps=60):
+    forced, difference = gap_reading(batches, steps)
+    return forced > 0.9 and difference > 0.3
+
+
+def future_count(model):
+    return sum(sees_future(model, t) for t in range(TGT_IN.size(1) - 1))
+
+
+def pads_reading(model):
+    padded = F.pad(SRC, (0, 3), value=PAD)
+    with torch.no_grad():
+        return (model(SRC, TGT_IN) - model(padded, TGT_IN)).abs().max().item()
+
+
+def readings_of(pipelines):
+    """A learner's honest table: every measurement on every pipeline, each on a fresh model."""
+    torch.manual_seed(0)
+    clean = entropy(tx.Transformer(config()).eval())
+    return {name: {"future": future_count(p.model().eval()), "pads": pads_reading(p.model().eval()),
+                   "gap": gap_reading(p.batches(40), 40)[1],
+                   "entropy": entropy(p.model().eval()) / clean}
+            for name, p in pipelines.items()}
+
+
+@pytest.fixture(scope="module")
+def readings():
+    return readings_of({name: sb.suspect(name, config()) for name in sb.PIPELINES})
 
 
 def graded(name):
-    """The one measurement that is_exposed_by accepts for suspect ``name``."""
-    (answer,) = [m for m in sb.MEASUREMENTS if sb.is_exposed_by(name, m)]
+    """The one measurement that the private oracle accepts for suspect ``name``."""
+    (answer,) = [m for m in sb.MEASUREMENTS if sb._is_exposed_by(name, m)]
     return answer
 
 
 def test_the_graded_answer_reads_any_case_and_quotes_and_refuses_the_rest():
-    assert sb.is_exposed_by("A", ' "PADS" ') and not sb.is_exposed_by("A", ...)
-    assert not sb.is_exposed_by("B", "pads") and not sb.is_exposed_by("C", "gap")
+    assert sb._is_exposed_by("A", ' "PADS" ') and not sb._is_exposed_by("A", ...)
+    assert not sb._is_exposed_by("B", "pads") and not sb._is_exposed_by("C", "gap")
     with pytest.raises(ValueError, match="name must be one of"):
-        sb.is_exposed_by("D", "pads")
+        sb._is_exposed_by("D", "pads")
+
+
+def test_the_readers_one_liner_no_longer_grades():
+    # a cold reader's game: loop the public oracle over the four answers, no measurement run
+    answers = ("future", "pads", "gap", "entropy")
+    with pytest.raises(AttributeError):
+        {n: next(m for m in answers if sb.is_exposed_by(n, m)) for n in "ABC"}
+    # the same loop through the verdict, without a table of readings, credits nothing
+    for name in "ABC":
+        assert all(sb.verdict({}, name, m) != m for m in answers)
+        assert all(sb.verdict(None, name, m).startswith("no credit yet") for m in answers)
+
+
+def test_an_honest_table_credits_the_right_answers_only(readings):
+    for name in "ABC":
+        right = graded(name)
+        assert sb.verdict(readings, name, right) == right
+        assert sb.verdict(readings, name, f" '{right.upper()}' ") == f" '{right.upper()}' "
+        for wrong in set(sb.MEASUREMENTS) - {right}:
+            assert sb.verdict(readings, name, wrong) == sb.NOT_CREDITED
+    with pytest.raises(ValueError, match="name must be one of"):
+        sb.verdict(readings, "control", "pads")
+
+
+def test_an_incomplete_table_is_named_not_graded(readings):
+    partial = {name: dict(row) for name, row in readings.items()}
+    del partial["B"]["gap"]
+    partial["C"]["entropy"] = float("nan")
+    message = sb.verdict(partial, "A", graded("A"))
+    assert message.startswith("no credit yet") and "readings['B']['gap']" in message
+    assert "readings['C']['entropy']" in message
+
+
+def test_a_made_up_table_earns_nothing(readings):
+    # every suspect read as the control, or one suspect's readings swapped for another's:
+    # neither agrees with the lab kit's own re-measurement
+    same = {name: dict(readings["control"]) for name in sb.PIPELINES}
+    swapped = {**readings, "A": readings["C"], "C": readings["A"]}
+    for table in (same, swapped):
+        for name in "ABC":
+            assert all(sb.verdict(table, name, m) != m for m in sb.MEASUREMENTS)
+    assert sb.verdict(same, "A", "pads").startswith("no credit: these readings disagree")
 
 
 def test_what_help_shows_does_not_name_the_bugs():
     # the handout ships labkit: help(silent_bugs) must not answer the lab's questions
-    assert not hasattr(sb, "EXPOSED_BY")
+    assert not hasattr(sb, "EXPOSED_BY") and not hasattr(sb, "is_exposed_by")
+    for name in ("suspect_model", "suspect_batches", "suspect_init"):
+        assert not hasattr(sb, name)  # which part of a pipeline is faulty is not in a public name
     docs = [sb.__doc__] + [inspect.getdoc(obj) or "" for name, obj in vars(sb).items()
                            if not name.startswith("_") and callable(obj)
                            and getattr(obj, "__module__", "") == sb.__name__]
@@ -97,7 +172,7 @@ def test_what_help_shows_does_not_name_the_bugs():
 
 
 def test_suspect_a_is_exposed_by_the_pads_only():
-    model = sb.suspect_model(config()).eval()
+    model = sb.suspect("A", config()).model().eval()
     torch.manual_seed(0)
     clean = tx.Transformer(config()).eval()
     assert pads_change(model) and not pads_change(clean)
@@ -107,8 +182,8 @@ def test_suspect_a_is_exposed_by_the_pads_only():
 
 
 def test_suspect_b_is_exposed_by_the_teacher_forced_gap_only():
-    assert gap(sb.suspect_batches(60)) and not gap(good_batches(60))
-    src, tgt_in, tgt_out = next(sb.suspect_batches(1))
+    assert gap(sb.suspect("B", config()).batches(60)) and not gap(good_batches(60))
+    src, tgt_in, tgt_out = next(sb.suspect("B", config()).batches(1))
     assert src.shape == (32, L) and tgt_in.shape == tgt_out.shape == (32, L + 1)
     assert graded("B") == "gap"
 
@@ -116,14 +191,14 @@ def test_suspect_b_is_exposed_by_the_teacher_forced_gap_only():
 def test_suspect_c_is_exposed_by_the_entropy_only():
     torch.manual_seed(0)
     clean = tx.Transformer(config()).eval()
-    model = sb.suspect_init(tx.Transformer(config())).eval()
+    model = sb.suspect("C", config()).model().eval()
     assert entropy(model) < 0.75 * entropy(clean)
     assert not pads_change(model) and not sees_future(model)
     assert graded("C") == "entropy"
 
 
-def test_the_late_mask_core_is_named_by_check_attention():
-    result = labkit.check_attention(sb._late_mask_core, verbose=False)
+def test_the_colleagues_core_is_named_by_check_attention():
+    result = labkit.check_attention(sb._colleague_core, verbose=False)
     assert not result.passed and "mask_after_softmax" in result.mistakes
 
 
