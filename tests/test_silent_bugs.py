@@ -82,19 +82,29 @@ def future_count(model):
     return sum(sees_future(model, t) for t in range(TGT_IN.size(1) - 1))
 
 
+NB_SRC, NB_IN, _ = next(good_batches(1, 200, seed=123))  # notebook 10's test batch
+
+
 def pads_reading(model):
-    padded = F.pad(SRC, (0, 3), value=PAD)
+    padded = F.pad(NB_SRC, (0, 3), value=PAD)
     with torch.no_grad():
-        return (model(SRC, TGT_IN) - model(padded, TGT_IN)).abs().max().item()
+        return (model(NB_SRC, NB_IN) - model(padded, NB_IN)).abs().max().item()
+
+
+def entropy_on(model, src):
+    with torch.no_grad():
+        model.encode(src)
+    w = torch.stack([layer.self_attn.attn_weights for layer in model.encoder.layers])
+    return -torch.xlogy(w, w).sum(-1).mean().item()
 
 
 def readings_of(pipelines):
-    """A learner's honest table: every measurement on every pipeline, each on a fresh model."""
+    """A learner's honest table, read as notebook 10's read_ functions read it."""
     torch.manual_seed(0)
-    clean = entropy(tx.Transformer(config()).eval())
-    return {name: {"future": future_count(p.model().eval()), "pads": pads_reading(p.model().eval()),
+    clean = entropy_on(tx.Transformer(config()), NB_SRC)
+    return {name: {"future": future_count(p.model().eval()), "pads": pads_reading(p.model()),
                    "gap": gap_reading(p.batches(40), 40)[1],
-                   "entropy": entropy(p.model().eval()) / clean}
+                   "entropy": entropy_on(p.model(), NB_SRC) / clean}
             for name, p in pipelines.items()}
 
 
@@ -152,7 +162,11 @@ def test_a_made_up_table_earns_nothing(readings):
     # neither agrees with the lab kit's own re-measurement
     same = {name: dict(readings["control"]) for name in sb.PIPELINES}
     swapped = {**readings, "A": readings["C"], "C": readings["A"]}
-    for table in (same, swapped):
+    # a table that sets the right suspects apart but was typed, not measured: its pads and
+    # entropy numbers are not the kit's (the brute force over 27 typed tables earns nothing)
+    typed = {name: {"future": 0, "pads": 0.0, "gap": 0.0, "entropy": 1.0} for name in sb.PIPELINES}
+    typed["A"]["pads"], typed["B"]["gap"], typed["C"]["entropy"] = 0.5, 0.9, 0.5
+    for table in (same, swapped, typed):
         for name in "ABC":
             assert all(sb.verdict(table, name, m) != m for m in sb.MEASUREMENTS)
     assert sb.verdict(same, "A", "pads").startswith("no credit: these readings disagree")
