@@ -41,6 +41,9 @@ _EXPOSED_SHA256 = {
 #: sit either near the control's or well beyond these)
 _FAR = {"future": 0.5, "pads": 1e-3, "gap": 0.3, "entropy": 0.15}
 NOT_CREDITED = "another measurement"
+#: the first answer graded for each suspect in this session: one answer each, so that a loop
+#: over the four measurements cannot ask the verdict which one it credits
+_ASKED: dict[str, str] = {}
 
 
 def _answer_text(answer) -> str | None:
@@ -90,7 +93,7 @@ def verdict(readings: dict, name: str, answer):
     read_ functions read them (its ``small_config()`` and test batch). ``answer`` is credited
     only when the table is complete, agrees with the lab kit's own re-measurement of fresh
     pipelines, and its readings set suspect ``name`` apart from the control on that measurement
-    alone."""
+    alone. Each suspect takes one answer a session (a kernel): another answer is refused."""
     if name not in _EXPOSED_SHA256:
         raise ValueError(f"name must be one of {sorted(_EXPOSED_SHA256)}, got {name!r}")
     missing = _missing(readings)
@@ -101,6 +104,12 @@ def verdict(readings: dict, name: str, answer):
         return ("no credit: these readings disagree with the lab kit's re-measurement of fresh "
                 "pipelines; build the table from the four read_ functions")
     text = _answer_text(answer)
+    if text is None:
+        return NOT_CREDITED  # no answer yet: nothing is recorded
+    first = _ASKED.setdefault(name, text)
+    if first != text:
+        return (f"no credit: suspect {name} was already answered {first!r} in this session; one "
+                "answer per suspect: restart the kernel and run the notebook to grade another")
     if _apart(readings)[name] == {text} and _is_exposed_by(name, text):
         return answer
     return NOT_CREDITED

@@ -126,6 +126,13 @@ def test_the_graded_answer_reads_any_case_and_quotes_and_refuses_the_rest():
         sb._is_exposed_by("D", "pads")
 
 
+@pytest.fixture(autouse=True)
+def fresh_session():
+    sb._ASKED.clear()  # each test is a fresh kernel: one answer per suspect
+    yield
+    sb._ASKED.clear()
+
+
 def test_the_readers_one_liner_no_longer_grades():
     # a cold reader's game: loop the public oracle over the four answers, no measurement run
     answers = ("future", "pads", "gap", "entropy")
@@ -143,9 +150,22 @@ def test_an_honest_table_credits_the_right_answers_only(readings):
         assert sb.verdict(readings, name, right) == right
         assert sb.verdict(readings, name, f" '{right.upper()}' ") == f" '{right.upper()}' "
         for wrong in set(sb.MEASUREMENTS) - {right}:
+            sb._ASKED.clear()
             assert sb.verdict(readings, name, wrong) == sb.NOT_CREDITED
     with pytest.raises(ValueError, match="name must be one of"):
         sb.verdict(readings, "control", "pads")
+
+
+def test_the_same_loop_over_the_verdict_with_an_honest_table_earns_nothing(readings):
+    # the reader's one-liner again, now through the verdict and a measured table: the first
+    # answer asked is each suspect's only one, so trying the four in turn credits none
+    looped = {n: next((m for m in sb.MEASUREMENTS if sb.verdict(readings, n, m) == m), None)
+              for n in "ABC"}
+    assert looped == {"A": None, "B": None, "C": None}
+    assert "already answered 'future'" in sb.verdict(readings, "A", graded("A"))
+    sb._ASKED.clear()  # a restarted kernel: the right answer is credited
+    assert sb.verdict(readings, "A", graded("A")) == graded("A")
+    assert sb.verdict(readings, "A", ...) == sb.NOT_CREDITED  # no answer yet: not recorded
 
 
 def test_an_incomplete_table_is_named_not_graded(readings):
