@@ -52,7 +52,7 @@ from .positional import check_positional_encoding
 from .predict import check_prediction, seal_predictions, sealed_score
 from .quiz import check_shape_quiz
 from .report import CheckResult, clear_history, history
-from .silent_bugs import (
+from .silent_bug_fixes import (
     check_init_embeddings,
     check_repaired_weights,
     check_shift_targets,

@@ -23,7 +23,7 @@ from .parameters import check_parameter_counts
 from .positional import check_positional_encoding
 from .quiz import check_shape_quiz
 from .report import CheckResult
-from .silent_bugs import (
+from .silent_bug_fixes import (
     check_init_embeddings,
     check_repaired_weights,
     check_shift_targets,
