@@ -12,7 +12,9 @@ micro-batch, clipping before unscaling, no unscale, update before step, ``optimi
 bypasses the scaler, no loss scaling, no clipping, zeroing at the end, one backward for all the
 micro-batches); every run starts with stale gradients in ``.grad``; a step whose second
 micro-batch loss is infinite, and one whose loss is finite but whose gradients overflow, must be
-skipped and reported as skipped, and the finite steps (whose scale grows here) as not skipped.
+skipped and reported as skipped, and the finite steps as not skipped, both under a scaler that
+grows the scale after every finite step and under PyTorch's default growth interval (2000), where
+a finite step leaves the scale unchanged.
 """
 from __future__ import annotations
 
@@ -83,8 +85,9 @@ MISTAKES.update({
 })
 
 
-class _Spy:
-    """Delegates to ``target`` and records the names of the methods called, in order."""
+class CallSpy:
+    """Delegates to ``target`` and records the names of the methods called, in order (the
+    check's instrumentation, not a reference: public, so the delegation watch lets it through)."""
 
     def __init__(self, target, log: list, prefix: str):
         object.__setattr__(self, "_target", target)
@@ -96,7 +99,7 @@ class _Spy:
         if callable(attr) and not name.startswith("_"):
             def call(*args, **kwargs):
                 self._log.append(f"{self._prefix}.{name}")
-                args = tuple(a._target if isinstance(a, _Spy) else a for a in args)
+                args = tuple(a._target if isinstance(a, CallSpy) else a for a in args)
                 return attr(*args, **kwargs)
             return call
         return attr
@@ -108,11 +111,12 @@ class _Spy:
 K = 2  # micro-batches per step in every probe
 
 
-def _amp_setup(seed: int):
+def _amp_setup(seed: int, growth_interval: int = 1):
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12, growth_interval=1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12,
+                                growth_interval=growth_interval)
     gen = torch.Generator().manual_seed(seed + 1)
     x, y = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
     return model, opt, scaler, x, y
@@ -188,10 +192,11 @@ _STEP = "|"  # where each step begins in the call log
 
 
 def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None,
-               blow_up="loss", backwards=None):
+               blow_up="loss", backwards=None, growth_interval=1):
     """Weights, the scale after each step, what each step returned, after ``n_steps`` of
-    ``step`` (and the call log with spy; ``backwards`` gets the backward passes of each step)."""
-    model, opt, scaler, x, y = _amp_setup(seed)
+    ``step`` (and the call log with spy; ``backwards`` gets the backward passes of each step;
+    ``growth_interval`` is the scaler's: 1 grows the scale after every finite step)."""
+    model, opt, scaler, x, y = _amp_setup(seed, growth_interval)
     gen = torch.Generator().manual_seed(seed + 2)
     for p in model.parameters():  # stale gradients, e.g. from an earlier step: clear them first
         p.grad = torch.randn(p.shape, generator=gen)
@@ -201,8 +206,8 @@ def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, l
     outs, scales = [], []
     for i in range(n_steps):
         log.append(_STEP)
-        s_opt = _Spy(opt, log, "optimizer") if spy else opt
-        s_scaler = _Spy(scaler, log, "scaler") if spy else scaler
+        s_opt = CallSpy(opt, log, "optimizer") if spy else opt
+        s_scaler = CallSpy(scaler, log, "scaler") if spy else scaler
         counted[0] = 0
         with torch.enable_grad():
             losses = _losses(model, x, y, blow_up=blow_up if i == blow_up_at else None)
@@ -283,7 +288,8 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
     norm that of the true gradients before clipping, and ``skipped`` whether the scaler skipped
     the step (a bool, or a one-element bool tensor); each micro-batch loss gets its own
     backward. Three steps from the same start must give the reference's weights, scale and
-    norms, each reported as not skipped (the scale grows after every finite step here); a run
+    norms, each reported as not skipped, both with a scaler whose scale grows after every finite
+    step and with PyTorch's default growth interval, where the scale stays unchanged; a run
     whose second step has an infinite micro-batch loss, and one whose second step has a finite
     loss with overflowing gradients, must skip that step and report it as skipped.
     """
@@ -317,7 +323,7 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
         report.probe(same_w, "weights after 3 steps equal the reference step's")
         got_scale, want_scale = got_scales[-1], want_scales[-1]
         report.probe(got_scale == want_scale, f"the loss scale after 3 steps: {got_scale:g} "
-                     f"(reference {want_scale:g}: it grows after each finite step here)")
+                     f"(reference {want_scale:g})")
         norms_ok = all(g is not None and math.isclose(g, w, rel_tol=1e-4)
                        for g, w in zip(got_norms, want_norms, strict=True))
         report.probe(norms_ok, "the returned gradient norms are the true (unscaled) norms "
@@ -344,6 +350,19 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
             shown = [_shown_flag(f, out) for f, out in zip(got_flags, got_outs, strict=True)]
             report.probe(flags_ok, "the 3 finite steps are reported as not skipped (skipped: "
                          f"{', '.join(shown)})")
+            # PyTorch's default growth interval (2000): a finite step leaves the scale unchanged
+            assert _split(_run_steps(_right, growth_interval=2000)[2])[1] == [False] * 3
+            try:
+                _, still, outs, _ = _run_steps(fn, growth_interval=2000)
+                _, still_flags, _ = _split(outs)
+            except Exception as exc:  # noqa: BLE001 - the learner's step, a second scaler
+                still, outs, still_flags = [math.nan], [(None, exc)], [None]
+            shown = [_shown_flag(f, out) for f, out in zip(still_flags, outs, strict=True)]
+            calm = still_flags == [False] * 3
+            report.probe(calm, "with PyTorch's default growth interval (the scale stays "
+                         f"{still[-1]:g}), the 3 finite steps are reported as not skipped "
+                         f"(skipped: {', '.join(shown)})")
+            flags_ok = flags_ok and calm
         # an overflowing step must be skipped, reported as skipped, and the scale must drop:
         # an infinite loss, then a finite loss whose gradients overflow (what fp16 really does)
         for blow_up, what in (("loss", "an infinite loss"),

@@ -287,6 +287,26 @@ def test_a_flag_read_from_the_losses_is_named():
     assert "gradients overflow is reported as skipped (skipped: False)" in result.report
 
 
+def test_a_flag_that_reads_no_growth_as_skipped_is_named():
+    # a cold reader's flag: it passed 10/10 while the check's scaler grew the scale after every
+    # finite step; under PyTorch's default growth_interval a good step leaves the scale unchanged
+    def not_grown(micro_losses, model, optimizer, scaler, clip_norm):
+        optimizer.zero_grad()
+        for loss in micro_losses:
+            scaler.scale(loss / len(micro_losses)).backward()
+        scaler.unscale_(optimizer)
+        n = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+        s = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        return n, scaler.get_scale() <= s  # "the scale did not grow" = skipped
+
+    result = quiet(labkit.check_amp_step, not_grown)
+    assert not result.passed and result.mistakes == ["amp_skipped_flag"], result.report
+    assert "default growth interval" in result.report and "skipped: True, True, True" \
+        in result.report
+
+
 def test_a_bare_norm_is_named():
     result = quiet(labkit.check_amp_step, norm_only)
     assert not result.passed and result.mistakes == ["amp_not_a_pair"], result.report
