@@ -31,7 +31,7 @@ MISTAKES.update({
         "gives, uniform weights over the keys"),
     "init_embeddings_unit": (
         "the embedding tables still have a standard deviation near 1, so the scaled embeddings "
-        "dwarf the positions and the attention saturates at initialisation",
+        "dwarf the positions and the attention starts much peakier than a correct model's",
         "give the tables a scale that shrinks with the model width, as the weight matrices have"),
     "init_embeddings_other": (
         "the embedding tables do not have a width-dependent scale (their standard deviation is "
