@@ -134,6 +134,35 @@ def test_each_batching_mistake_is_named(fn, key):
     assert not result.passed and key in result.mistakes, result.report
 
 
+def test_batches_served_longest_first_are_named():
+    # a cold reader's batcher: no shuffle of the batches, each chunk served longest first; it
+    # passed 10/10, since the order probe looked only for rising lengths
+    def longest_first(pairs, batch_size, *, seed=0, bucket=16):
+        n = len(pairs) // batch_size * batch_size
+        rng = random.Random(seed)
+        order = list(pairs)
+        rng.shuffle(order)
+        for s in range(0, n, bucket * batch_size):
+            run = sorted(order[s:min(s + bucket * batch_size, n)], key=lambda q: -len(q[0]))
+            for i in range(0, len(run), batch_size):
+                yield g2p.make_g2p_batch(run[i:i + batch_size])
+
+    result = labkit.check_g2p_batches(longest_first, verbose=False)
+    assert not result.passed and result.mistakes == ["g2p_batch_order_sorted"], result.report
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_shuffled_batch_order_is_never_read_as_sorted(seed):
+    # correct bucketing under many shuffles: the batch order's rank correlation stays far from 1
+    from labkit.g2p_batching import _rank_correlation
+    pairs = _made_up_pairs()
+    for fn in (batches_by_length, chunked_indices):
+        lengths = [(b[0] != 0).sum().item() / 8
+                   for b in fn(pairs, 8, seed=seed + 100, bucket=len(pairs) // 8)]
+        assert abs(_rank_correlation(lengths)) < 0.5
+    assert _rank_correlation([1, 2, 2, 3]) > 0.9 and _rank_correlation([3, 2, 1]) == -1.0
+
+
 def test_the_reference_differs_from_the_lab_only_in_the_rest():
     # notebook 13 says the shipped model's batches (g2p.g2p_batches) are the lab's, except that
     # an epoch's rest comes as one smaller batch: one epoch of the reference, graded by the check
