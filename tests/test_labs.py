@@ -879,6 +879,26 @@ def test_graded_handout_has_only_the_first_hint_and_no_answers(graded_handout):
         assert len(written) == len(labinfo.lab_info(solved)["written"]), path.name
 
 
+def test_graded_handout_of_11_leaves_out_the_drill_proofs_that_hold_the_timed_exercise():
+    """11's drill proofs hold the 'from memory' exercise's parts; the exercise copy only folds
+    them (source hidden), the graded handout (make handout LABS=11 GRADED=1) leaves them out."""
+    path = next(p for p in SOLVED if p.name.startswith("11_"))
+    solved = _read(path)
+    copy = exercise_copy.make_exercise(_read(path), path.name)
+    graded = make_handout.graded_notebook(path)
+    parts = {"Q26's blockwise attention": "def blockwise_attention(",
+             "Q12's head split": ".view(2, 10, 8, d_k).transpose(1, 2)",
+             "Q29's mask fill": ".masked_fill(mask, torch.finfo(dtype).min)"}
+    for name, code in parts.items():
+        folded = [c for c in copy.cells if c.cell_type == "code" and code in c.source]
+        assert folded and all(c.metadata["jupyter"]["source_hidden"] for c in folded), name
+        assert not any(code in c.source for c in graded.cells), name
+    proofs = [solved.cells[i].source.strip() for i in labinfo.proof_cells(solved)]
+    kept = [c for c in graded.cells if any(p and p in c.source for p in proofs)]
+    assert all(c.metadata["nbgrader"]["grade"] for c in kept)  # only a prediction's sealed grader
+    assert "make handout LABS=11 GRADED=1" in make_keys.key_markdown(path, ROOT)  # the note says so
+
+
 def test_first_hints_only_keeps_the_idea_and_drops_later_tiers():
     text = ("Hints:\n\n<details><summary>Hint 1: the idea</summary>compare</details>\n\n"
             "<details><summary>Hint 2: where it was shown</summary>cell 5</details>\n"
