@@ -39,6 +39,7 @@ import threading
 import types
 
 import torch
+import torch.nn.attention.bias  # noqa: F401 - PyTorch's causal bias, watched below
 
 import tx_helpers
 
@@ -77,8 +78,11 @@ MASK_REFERENCES: dict[str, tuple[str, ...]] = {
 # stand in for: Python functions and methods (watched by code object), and words in the names of
 # C functions and ATen operators (torch.ops.aten...) that are the same computation.
 TORCH_ROUTES: dict[str, tuple[tuple, tuple[str, ...]]] = {
-    "scaled_dot_product_attention": ((), ("scaled_dot_product", "flash_attention",
-                                          "efficient_attention", "cudnn_attention")),
+    "scaled_dot_product_attention": ((torch.nn.functional.multi_head_attention_forward,
+                                      torch.nn.MultiheadAttention.forward),
+                                     ("scaled_dot_product", "flash_attention",
+                                      "efficient_attention", "cudnn_attention",
+                                      "multi_head_attention")),
     "MultiHeadAttention": ((torch.nn.functional.multi_head_attention_forward,
                             torch.nn.MultiheadAttention.forward), ("multi_head_attention",)),
     "EncoderLayer": ((torch.nn.TransformerEncoderLayer.forward,), ("transformer_encoder_layer",)),
@@ -86,7 +90,10 @@ TORCH_ROUTES: dict[str, tuple[tuple, tuple[str, ...]]] = {
     "Decoder": ((torch.nn.TransformerDecoder.forward,), ()),
     "Transformer": ((torch.nn.Transformer.forward,), ()),
     "lookahead_mask": ((torch.nn.Transformer.generate_square_subsequent_mask,
-                        torch.nn.modules.transformer._generate_square_subsequent_mask), ()),
+                        torch.nn.modules.transformer._generate_square_subsequent_mask,
+                        torch.nn.attention.bias.causal_lower_right,
+                        torch.nn.attention.bias.causal_upper_left,
+                        torch.nn.attention.bias.CausalBias._materialize), ()),
 }
 # the C entry of PyTorch's cross-entropy, called straight from the learner's code: its smoothing
 # argument cannot be seen from a profile hook, and plain cross-entropy goes through F.cross_entropy
@@ -99,7 +106,11 @@ _PASS_THROUGH = (_TX_DIR, os.path.dirname(os.path.abspath(torch.__file__)) + os.
                  os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep)
 
 
-_KIT_REFERENCE = ("_reference", "_variant", "_amp_step", "_smoothed_ce", "_greedy", "_formula")
+# the lab kit's own answers, by name: its reference implementations, variants with switches,
+# a float64 table, a colleague's attention core. Not every private function: the kit installs
+# some into the learner's model while a check runs (a recording dropout), and those are not answers.
+_KIT_REFERENCE = ("_reference", "_variant", "_amp_step", "_smoothed_ce", "_greedy", "_formula",
+                  "_table_float64", "_colleague")
 
 
 def _kit_references() -> dict[types.CodeType, str]:
@@ -254,6 +265,8 @@ class watch_references:
         if event != "call":
             return
         code = frame.f_code
+        if code in _OP_CALLS and self._smoothing and self._aten_smoothing(frame):
+            return
         if code in self._torch_codes or (code in _OP_CALLS and self._torch_words):
             name = self._torch_codes.get(code) or str(frame.f_locals.get("self"))
             if ((code in self._torch_codes or any(w in name for w in self._torch_words))
@@ -295,6 +308,23 @@ class watch_references:
             if not _is_tx(owner):
                 self._add(f"{owner.__name__} runs tx_helpers' {name}.{code.co_name} (it "
                           f"subclasses or borrows from {name})")
+
+    def _aten_smoothing(self, frame) -> bool:
+        """An ATen cross-entropy (``torch.ops.aten.cross_entropy_loss``) called by the learner
+        with a smoothing argument above 0: PyTorch's smoothed loss by another door."""
+        op, local = str(frame.f_locals.get("self")), frame.f_locals
+        if "cross_entropy_loss" not in op:
+            return False
+        args, kwargs = local.get("args", ()), local.get("kwargs", {})
+        eps = kwargs.get("label_smoothing", args[5] if len(args) > 5 else 0.0)
+        try:
+            smooths = float(eps) > 0
+        except (TypeError, ValueError):
+            smooths = True
+        if smooths and self._learner_caller(frame):
+            self._add(f"it calls PyTorch's {op} with label_smoothing=..., the built-in smoothed "
+                      "loss: the exercise asks you to build that loss yourself")
+        return True
 
     def _c_call(self, frame, name: str) -> None:
         """A C function called: PyTorch's fused version of the exercise (from the learner's

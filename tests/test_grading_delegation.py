@@ -170,6 +170,12 @@ def greedy_decode({GREEDY_ARGS}):
     model.train(mode)
     return out
 """),
+    "the lab kit's private float64 table": ("positional_table", """
+import torch
+from labkit import positional_probes as pp
+def positional_table(max_len, d_model, dtype=torch.float32):
+    return pp._table_float64(max_len, d_model).to(dtype)
+"""),
     "a thread": ("padding_mask", """
 import threading
 import tx_helpers
@@ -397,6 +403,33 @@ class MultiHeadAttention(nn.Module):
             use_separate_proj_weight=True, q_proj_weight=self.w_q.weight,
             k_proj_weight=self.w_k.weight, v_proj_weight=self.w_v.weight, need_weights=False)
         return out.transpose(0, 1)  # (N, L_q, d_model)
+"""),
+    "PyTorch's ATen cross-entropy with its smoothing": ("smoothed_loss", """
+import torch
+def smoothed_loss(logits, target, eps, pad_idx):
+    return torch.ops.aten.cross_entropy_loss(logits, target, None, 1, pad_idx, eps)
+"""),
+    "PyTorch's multi-head attention as the attention core": ("attention", """
+import torch
+import torch.nn.functional as F
+def attention(q, k, v, mask=None):
+    n, h, l_q, d = q.shape
+    l_k = k.size(2)
+    q2, k2 = (t.reshape(n * h, -1, d).transpose(0, 1) for t in (q, k))  # (L, N*H, d_k)
+    eye = torch.eye(d)
+    blocked = None if mask is None else mask.expand(n, h, l_q, l_k).reshape(n * h, l_q, l_k)
+    _, weights = F.multi_head_attention_forward(
+        q2, k2, k2, d, 1, None, None, None, None, False, 0.0, eye, None, training=False,
+        attn_mask=blocked, use_separate_proj_weight=True, q_proj_weight=eye,
+        k_proj_weight=eye, v_proj_weight=eye, need_weights=True, average_attn_weights=False)
+    weights = weights.reshape(n, h, l_q, l_k)  # PyTorch's softmax(q k^T / sqrt(d_k))
+    return weights @ v, weights
+"""),
+    "PyTorch's causal bias as the look-ahead mask": ("lookahead_mask", """
+import torch
+from torch.nn.attention.bias import causal_lower_right
+def lookahead_mask(size, device=None, *, past=0):
+    return ~causal_lower_right(size, past + size)._materialize(device)
 """),
     "PyTorch's cross-entropy entry with its smoothing": ("smoothed_loss", """
 import torch
