@@ -112,6 +112,17 @@ def test_the_projects_own_loss_is_delegation():
     assert result.passed, result.report
 
 
+def test_a_hard_coded_pad_index_is_named():
+    # a cold reader's loss: ignore_index=0 passed 4/4 while every probe padded with 0
+    def pad_zero(logits, target, pad_idx, global_tokens, world_size):
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=0,
+                               reduction="sum") * world_size / global_tokens
+
+    result = quiet(labkit.check_token_mean_loss, pad_zero)
+    assert not result.passed and result.mistakes == ["dist_pad_hard_coded"], result.report
+    assert "pad index 2" in result.report
+
+
 def test_a_stub_and_a_crash_are_reported_not_raised():
     def stub(logits, target, pad_idx, global_tokens, world_size):
         raise NotImplementedError("return one rank's loss")
