@@ -36,6 +36,10 @@ MISTAKES.update({
         "two pronunciations are equally close, and the length counted is not the first listed "
         "one's",
         "the contract: on a tie, the first listed of the closest pronunciations counts"),
+    "per_closest_by_rate": (
+        "the closest pronunciation was picked by the lowest rate (edits / its length), not by "
+        "the fewest edits",
+        "closest means the fewest edits; only then is its length counted, in the pooled total"),
     "per_word_error_rate": (
         "this is the word error rate (share of words with any error), not the phone error rate",
         "count edits (insertions, deletions, substitutions), not wrong words"),
@@ -64,6 +68,8 @@ _CASES = [
     ("two pronunciations equally close, of different lengths (a tie: the first listed counts)",
      [["K", "AE", "T"], ["D", "AO", "G"]],
      [[["K", "AE", "T", "S"], ["K", "AE"]], [["D", "AO", "G"]]]),
+    ("the fewest edits against a short pronunciation, a lower rate against a long one",
+     [["R", "EH", "D", "Z"]], [[["R", "EH"], ["R", "EH", "D", "IY", "M", "EY", "D"]]]),
 ]
 
 
@@ -73,6 +79,7 @@ def _variants(predictions, references) -> dict[str, float]:
     first_len = sum(len(r[0]) for r in references)
     closest = [min(r, key=lambda ref: edit_distance(p, ref)) for p, r in pairs]
     errors = [edit_distance(p, c) for p, c in zip(predictions, closest, strict=True)]
+    by_rate = [(p, min(r, key=lambda ref: edit_distance(p, ref) / len(ref))) for p, r in pairs]
     return {
         "per_first_reference": first / first_len,
         "per_closest_distance_first_length": sum(errors) / first_len,
@@ -80,6 +87,8 @@ def _variants(predictions, references) -> dict[str, float]:
         "per_mean_of_word_rates": sum(e / len(c) for e, c in zip(errors, closest, strict=True))
         / len(closest),
         "per_word_error_rate": sum(p not in r for p, r in pairs) / len(references),
+        "per_closest_by_rate": sum(edit_distance(p, c) for p, c in by_rate)
+        / sum(len(c) for _, c in by_rate),
         "per_tie_not_first": sum(errors) / sum(  # among the closest, the last listed
             len(min(reversed(r), key=lambda ref: edit_distance(p, ref))) for p, r in pairs),
     }

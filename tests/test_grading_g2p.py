@@ -56,6 +56,16 @@ def loop_ties_last(predictions, references):
     return errors / length
 
 
+def closest_by_rate(predictions, references):
+    # a cold reader's PER: it passed 7/7, picking the closest pronunciation by the lowest
+    # per-word rate (edits / length) instead of the fewest edits
+    errors = length = 0
+    for p, refs in zip(predictions, references, strict=True):
+        best = min(refs, key=lambda r: g2p.edit_distance(p, r) / len(r))
+        errors, length = errors + g2p.edit_distance(p, best), length + len(best)
+    return errors / length
+
+
 def closest_distance_first_length(predictions, references):
     # the errors of the closest pronunciation over the length of the first listed one
     pairs = list(zip(predictions, references, strict=True))
@@ -81,6 +91,7 @@ def test_the_reference_passes():
     (word_error_rate, "per_word_error_rate"),
     (loop_ties_last, "per_tie_not_first"),
     (closest_distance_first_length, "per_closest_distance_first_length"),
+    (closest_by_rate, "per_closest_by_rate"),
     (stub, "not_implemented"),
     (lambda p, r: "0.1", "per_not_a_number"),
 ])
@@ -94,3 +105,9 @@ def test_the_report_says_what_was_expected(capsys):
     labkit.check_phone_error_rate(first_reference)
     out = capsys.readouterr().out
     assert "check_phone_error_rate: FAILED" in out and "closest" in out
+
+
+def test_the_fewest_edits_pick_the_pronunciation_not_the_lowest_rate():
+    pred, refs = [["R", "EH", "D", "Z"]], [[["R", "EH"], ["R", "EH", "D", "IY", "M", "EY", "D"]]]
+    assert g2p.phone_error_rate(pred, refs) == 1.0  # 2 edits against R EH
+    assert abs(closest_by_rate(pred, refs) - 4 / 7) < 1e-12
