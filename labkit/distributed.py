@@ -38,7 +38,7 @@ MISTAKES.update({
                        "global token count"),
     "dist_pad_hard_coded": ("the padding index is fixed in your code, not read from pad_idx",
                             "the pad index is an argument: another vocabulary pads with another "
-                            "id, so pass pad_idx on (ignore_index=pad_idx)"),
+                            "id, so leave out the positions that hold the given pad index"),
     "dist_label_smoothing": ("the loss uses label smoothing",
                              "this lab's loss is plain cross-entropy, without label smoothing "
                              "(unlike section 1's criterion): the check compares with that; your "
