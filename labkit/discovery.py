@@ -12,7 +12,8 @@ from .decoding import check_greedy_decode
 from .distributed import check_token_mean_loss
 from .feed_forward import check_feed_forward
 from .g2p import check_phone_error_rate
-from .g2p_batching import check_g2p_batches, check_g2p_training
+from .g2p_batching import check_g2p_batches
+from .g2p_training import check_g2p_training
 from .label_smoothing import check_label_smoothing
 from .layers import check_decoder_layer, check_encoder_layer
 from .leak_map import check_leak_map

@@ -34,14 +34,14 @@ import types
 import warnings
 from dataclasses import dataclass, field
 
-from .delegation import (  # noqa: F401 - REFERENCES and find_delegation are public here too
+from .delegation import (  # noqa: F401 - REFERENCES is public here too
     MASK_REFERENCES,
     REFERENCES,
     _is_tx,
-    find_delegation,
     reference_names,
     watch_references,
 )
+from .delegation_source import find_delegation
 from .report import CheckResult, history
 
 # the most a failed check earns, as a share of its points

@@ -11,7 +11,8 @@ import torch
 
 import labkit
 import tx_helpers as tx
-from labkit.g2p_batching import TINY_RECIPE, _made_up_pairs
+from labkit.g2p_batching import _made_up_pairs
+from labkit.g2p_training import TINY_RECIPE
 from tx_helpers import g2p
 
 # ---------------------------------------------------------------- batches, written independently
