@@ -38,7 +38,6 @@ import threading
 import types
 
 import torch
-import torch.nn.attention.bias  # noqa: F401 - PyTorch's causal bias, watched below
 
 import tx_helpers
 
@@ -90,10 +89,23 @@ TORCH_ROUTES: dict[str, tuple[tuple, tuple[str, ...]]] = {
     "Transformer": ((torch.nn.Transformer.forward,), ()),
     "lookahead_mask": ((torch.nn.Transformer.generate_square_subsequent_mask,
                         torch.nn.modules.transformer._generate_square_subsequent_mask,
-                        torch.nn.attention.bias.causal_lower_right,
-                        torch.nn.attention.bias.causal_upper_left,
-                        torch.nn.attention.bias.CausalBias._materialize), ()),
+                        "torch.nn.attention.bias:causal_lower_right",
+                        "torch.nn.attention.bias:causal_upper_left",
+                        "torch.nn.attention.bias:CausalBias._materialize"), ()),
 }
+
+
+def _loaded(route):
+    """A route's function; ``"module:name.attr"`` only if that module is already imported
+    (importing torch.nn.attention.bias pulls in torch._dynamo, a second per process: code that
+    uses it has imported it)."""
+    if not isinstance(route, str):
+        return route
+    module_name, _, path = route.partition(":")
+    obj = sys.modules.get(module_name)
+    for attr in path.split("."):
+        obj = getattr(obj, attr, None)
+    return obj
 # the C entry of PyTorch's cross-entropy, called straight from the learner's code: its smoothing
 # argument cannot be seen from a profile hook, and plain cross-entropy goes through F.cross_entropy
 _CE_ENTRY = "cross_entropy_loss"
@@ -229,7 +241,8 @@ class watch_references:
         self._smoothing = "label_smoothing_loss" in names  # PyTorch's own smoothed loss
         self._ce = torch.nn.functional.cross_entropy.__code__
         routes = [TORCH_ROUTES[n] for n in sorted(names) if n in TORCH_ROUTES]
-        self._torch_codes = {f.__code__: f.__qualname__ for fns, _ in routes for f in fns}
+        self._torch_codes = {f.__code__: f.__qualname__ for fns, _ in routes
+                             for f in map(_loaded, fns) if f is not None}
         self._torch_words = tuple(w for _, words in routes for w in words)
         self._previous = None
 
