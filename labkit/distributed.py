@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import torch
 import torch.nn.functional as F
 
 from . import mistakes_loss_decoding  # noqa: F401 - defines loss_detached
+from .delegation import code_ran
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 
@@ -55,30 +55,6 @@ MISTAKES.update({
 # tools/train_ddp.py holds the project's answer (GlobalTokenMeanLoss): running it is delegation
 _TOOL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                      "train_ddp.py")
-
-
-class _WatchTool:
-    """Context manager: ``found`` is True once code of tools/train_ddp.py ran (chained with any
-    profile hook already set, such as the grade's delegation watch)."""
-
-    def __init__(self):
-        self.found = False
-
-    def __enter__(self):
-        self._previous = sys.getprofile()
-        sys.setprofile(self._hook)
-        return self
-
-    def _hook(self, frame, event, arg):
-        if self._previous is not None:
-            self._previous(frame, event, arg)
-        if event == "call" and not self.found and os.path.abspath(
-                frame.f_code.co_filename) == _TOOL:
-            self.found = True
-
-    def __exit__(self, *exc):
-        sys.setprofile(self._previous)
-        return False
 
 
 def _ranks(world: int, gen: torch.Generator, pad: int = 0):
@@ -170,7 +146,8 @@ def check_token_mean_loss(fn, *, verbose: bool = True) -> CheckResult:
             tokens = [int((t != pad).sum()) for _, t in shares]
             total = sum(tokens)
             where = f"{world} ranks" + (f", pad index {pad}" if pad else "")
-            with torch.enable_grad(), _WatchTool() as tool:
+            ran_tool = code_ran(lambda code: os.path.abspath(code.co_filename) == _TOOL)
+            with torch.enable_grad(), ran_tool as tool:
                 got, got_grad = _call(report, f"your loss on {where}", _grads, fn,
                                       shares, weight, world, total, pad)
             if tool.found:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 
 import torch
 
@@ -21,6 +20,7 @@ from tx_helpers.g2p import (
     make_g2p_batch,
 )
 
+from .delegation import code_ran
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 
@@ -89,34 +89,12 @@ def _word(row) -> str:
     return "".join(LETTER_VOCAB.decode_tokens(row))
 
 
-class _ReferenceRuns:
-    """Context manager: ``found`` is True once ``tx.g2p.g2p_batches``'s code runs. The check
-    itself never calls it, so a run is the learner's, even when its generator is handed back
-    (wrapped or not) and only the check iterates it, where the grade's watch sees the lab kit as
-    the caller. Chained with any profile hook already set."""
-
-    def __init__(self):
-        self.found = False
-
-    def __enter__(self):
-        self._previous = sys.getprofile()
-        sys.setprofile(self._hook)
-        return self
-
-    def _hook(self, frame, event, arg):
-        if self._previous is not None:
-            self._previous(frame, event, arg)
-        if event == "call" and frame.f_code is g2p_data.g2p_batches.__code__:
-            self.found = True
-
-    def __exit__(self, *exc):
-        sys.setprofile(self._previous)
-        return False
-
-
 def _epoch(report, fn, pairs, batch_size, seed, bucket) -> list:
     what = f"fn(pairs, {batch_size}, seed={seed}, bucket={bucket})"
-    with _ReferenceRuns() as runs:
+    # the check never calls the reference batcher, so a run of it is the learner's, even when
+    # its generator is handed back and only the check iterates it (the grade's watch then sees
+    # the lab kit as the caller)
+    with code_ran(lambda code: code is g2p_data.g2p_batches.__code__) as runs:
         out = _call(report, what, fn, pairs, batch_size, seed=seed, bucket=bucket)
         batches = _call(report, f"iterating over {what}", list, out)
     if runs.found:
