@@ -180,13 +180,14 @@ def test_notebook_runs_in_jupyterlab(browser, lab, notebook):
         _close(page, notebook.name)
     # Run All on a fresh kernel numbers the code cells 1, 2, 3, ... in order; a count kept from
     # the saved file, or a gap, means a cell did not run here.
+    # An error stops Run All, so it is reported first: the counts after it only say "not run".
+    errors = [(c["index"], c["errors"]) for c in cells
+              if c["errors"] and "raises-exception" not in c["tags"]]
+    assert not errors, f"{notebook.name}: error outputs in the browser: {errors}"
     counts = [c["count"] for c in cells]
     assert counts == list(range(1, len(cells) + 1)), (
         f"{notebook.name}: execution counts are not 1..{len(cells)} in order: "
         f"{[(c['index'], c['count']) for c in cells]}")
-    errors = [(c["index"], c["errors"]) for c in cells
-              if c["errors"] and "raises-exception" not in c["tags"]]
-    assert not errors, f"{notebook.name}: error outputs in the browser: {errors}"
 
 
 def test_widget_slider_redraws_figure(browser, lab):
