@@ -129,6 +129,8 @@ def check_attention(fn, *, full_contract: bool = False, verbose: bool = True) ->
             if report.only_mismatch():
                 localize_attention(report, lambda q, k, v, m: fn(q, k, v) if m is None
                                    else fn(q, k, v, m))
+        if ok and not report.found:
+            _other_width_probe(report, fn)
         if full_contract and not report.found:
             _fully_masked_probe(report, fn, q, k, v)
             _large_scores_probe(report, fn)
@@ -268,7 +270,8 @@ def _dropout_probe(report: _Report, fn, q, k, v, mask) -> None:
     if not drop.seen:
         report.mistake("attn_dropout_unused", "the dropout module passed in was never called"
                        + (": the output is the one without dropout" if _close(out, plain)
-                          else ""))
+                          else ": call the module itself on the weights, dropout(weights), "
+                          "not F.dropout with its p (the contract names the module)"))
     elif tuple(plain.shape) in shapes and tuple(w.shape) != tuple(plain.shape):
         report.mistake("attn_dropout_on_output", f"it received a tensor of the output's shape "
                        f"{tuple(plain.shape)} instead of the weights {tuple(w.shape)}")
@@ -286,12 +289,31 @@ def _scaled_reference(q, k, v, mask):
     return scaled_dot_product_attention(q, k, v, mask)
 
 
-def _scale_probe(report: _Report, fn) -> None:
+def _other_width_probe(report: _Report, fn) -> None:
+    """The main probes use d_k = 64, where a hard-coded divisor of 8 is right: d_k = 16 tells."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 3, 16, generator=gen), torch.randn(1, 2, 4, 16, generator=gen),
+               torch.randn(1, 2, 4, 5, generator=gen))  # d_k = 16, d_v = 5
+    text = "with d_k = 16 too (the divisor follows q's last axis)"
+    try:
+        out = _as_output(report, _split(fn(q.clone(), k.clone(), v.clone()))[0])
+    except Exception as exc:  # noqa: BLE001 - reported as a failed probe
+        report.probe(False, f"{text}: raised {type(exc).__name__}")
+        report.mistake("exception", f"with d_k = 16: {type(exc).__name__}: {exc}")
+        return
+    if report.probe(_close(out, _scaled_reference(q, k, v, None)[0]), text):
+        return
+    before = len(report.found)
+    _scale_probe(report, fn, d_k=16, d_v=4)
+    if len(report.found) == before:
+        report.mistake("mismatch", "with d_k = 16 the output differs from the reference")
+
+
+def _scale_probe(report: _Report, fn, d_k: int = 64, d_v: int = 16) -> None:
     """Two keys, one query: the weight on key 1 reveals the scale the learner used.
 
-    d_v (16) differs from d_k (64), so dividing by sqrt(d_v) is told from no scaling.
+    d_v differs from d_k, so dividing by sqrt(d_v) is told from no scaling.
     """
-    d_k, d_v = 64, 16
     q = torch.zeros(1, 1, 1, d_k)
     q[..., 0] = 0.5  # small: even scores multiplied by sqrt(d_k) stay short of saturation
     k = torch.zeros(1, 1, 2, d_k)
@@ -321,4 +343,5 @@ def _scale_probe(report: _Report, fn) -> None:
     else:
         report.mistake("scale_other", f"with d_k={d_k} your code divides the scores by about "
                        f"{divisor:.3g} = sqrt({divisor ** 2:.4g}) instead of sqrt(d_k) = "
-                       f"{math.sqrt(d_k):.3g}; a hard-coded d_model?")
+                       f"{math.sqrt(d_k):.3g}; a hard-coded number? The divisor must follow "
+                       "q's last axis")

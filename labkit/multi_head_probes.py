@@ -105,6 +105,10 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
         report.mistake("attn_dropout_on_output", f"self.dropout received a tensor of shape "
                        f"{tuple(seen[-1].shape)}, not the weights (N, H, L_q, L_k) = "
                        f"{(n, h, l_q, l_k)}")
+    elif d_k != l_k and any(tuple(t.shape) == (n, h, l_q, d_k) for t in seen):
+        report.mistake("attn_dropout_on_output", f"self.dropout received the heads' context "
+                       f"(N, H, L_q, d_k) = {(n, h, l_q, d_k)}, weights @ v, not the weights "
+                       f"(N, H, L_q, L_k) = {(n, h, l_q, l_k)}")
     elif total > weights.numel():
         report.mistake("attn_dropout_twice", f"dropout saw {total} numbers in one forward, "
                        f"where the weights hold {weights.numel()}")
