@@ -155,5 +155,25 @@ def check_init_embeddings(fn, *, config=None, verbose: bool = True) -> CheckResu
         if others:
             report.probe(False, "no other parameter changed")
             report.mistake("init_touches_other_weights", ", ".join(others[:3]))
+        _other_width_probe(report, fn, config)
 
     return _run_check("check_init_embeddings", body, verbose, fn)
+
+
+def _other_width_probe(report: _Report, fn, config) -> None:
+    """A second width, 16 times d_model: a scale typed for one width (0.18 for 32) fails, since
+    the probe allows a factor of 2 either way and the right scale moves by a factor of 4."""
+    import dataclasses
+
+    wide = dataclasses.replace(config, d_model=16 * config.d_model, n_layers=1)
+    torch.manual_seed(1)
+    model = Transformer(wide).eval()
+    _colleague_init(model)
+    _call(report, f"fn(model) with d_model = {wide.d_model}", fn, model)
+    want = wide.d_model ** -0.5
+    stds = [getattr(model, part).embedding.weight.std().item() for part in ("encoder", "decoder")]
+    if not report.probe(all(0.45 * want <= s <= 2.2 * want for s in stds),
+                        f"at d_model = {wide.d_model} too, within a factor of 2 of "
+                        f"d_model^-0.5 = {want:.3f} (the scale follows the width)"):
+        report.mistake("init_embeddings_other", f"at d_model = {wide.d_model}: "
+                       + ", ".join(f"{s:.3f}" for s in stds) + "; a scale typed for one width?")

@@ -490,3 +490,14 @@ def test_the_leak_map_is_found_by_name():
 
     labels = [label for label, _ in labkit.find_checks({"leak_map": leak_map}, module=None)]
     assert labels == ["check_leak_map(leak_map)"]
+
+
+def test_init_embeddings_scale_typed_for_one_width_fails():
+    """0.18 is d_model^-0.5 at the lab's width 32 only: the second width catches it."""
+    def typed(model):
+        with torch.no_grad():
+            for table in (model.encoder.embedding, model.decoder.embedding):
+                table.weight.normal_(0, 0.18)
+
+    result = labkit.check_init_embeddings(typed, verbose=False)
+    assert not result.passed and "init_embeddings_other" in result.mistakes
