@@ -3,8 +3,11 @@ and the device a mask is built on."""
 from __future__ import annotations
 
 import inspect
+import types
 
 import torch
+
+from tx_helpers.masks import lookahead_mask, padding_mask
 
 from .report import _Report
 
@@ -106,3 +109,36 @@ def _probe_input_device(report: _Report, name, fn, args, required: bool) -> None
     else:
         report.note(f"{name} {problem}; on a GPU this fails. Build every part on the input's "
                     "device: lookahead_mask(L, device=tgt.device)")
+
+
+def parts_replaced(report: _Report, fn, tgt):
+    """``fn`` (a decoder mask) with the learner's own padding or look-ahead helpers that it
+    calls replaced by tx's where they are wrong, so that such a mistake is charged once, at its
+    own probes (notebook 11's ``decoder_mask_from_memory`` calls ``padding_mask_from_memory``).
+    A helper is recognised by its name ("pad"; "ahead", "causal", "subsequent")."""
+    from .delegation import _is_tx
+
+    if not isinstance(fn, types.FunctionType):
+        return fn
+    scope, swapped = fn.__globals__, {}
+    for name in fn.__code__.co_names:
+        value, low = scope.get(name), name.lower()
+        if not isinstance(value, types.FunctionType) or value is fn or _is_tx(value):
+            continue
+        ref, args = ((padding_mask, (tgt, 1)) if "pad" in low else (lookahead_mask, (
+            tgt.size(1),)) if any(w in low for w in ("ahead", "causal", "subsequent"))
+            else (None, ()))
+        try:
+            same = ref is None or torch.equal(value(*args), ref(*args))
+        except Exception:  # noqa: BLE001 - a helper that fails is wrong too
+            same = False
+        if not same:
+            swapped[name] = ref
+    if not swapped:
+        return fn
+    report.note(f"decoder_fn calls {', '.join(sorted(swapped))}, which differs from tx's: "
+                "graded with tx's in its place, so that mistake counts once, at its own probes")
+    new = types.FunctionType(fn.__code__, {**scope, **swapped}, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    return new

@@ -6,7 +6,13 @@ import torch
 from tx_helpers.attention import scaled_dot_product_attention
 from tx_helpers.masks import decoder_self_mask, expand_mask, lookahead_mask, padding_mask
 
-from .mask_contract import _probe_device_argument, _probe_errors, _probe_input_device, _takes
+from .mask_contract import (
+    _probe_device_argument,
+    _probe_errors,
+    _probe_input_device,
+    _takes,
+    parts_replaced,
+)
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check, slot_watch
 
@@ -134,17 +140,18 @@ def check_masks(padding_fn=None, lookahead_fn=None, decoder_fn=None, cross_fn=No
                 _probe_lookahead(report, lookahead_fn)
                 _probe_lookahead_past(report, lookahead_fn)
                 _probe_device_argument(report, lookahead_fn)
-        if decoder_fn is not None:
+        dec = decoder_fn if decoder_fn is None else parts_replaced(report, decoder_fn, tgt)
+        if dec is not None:
             with slot_watch(report, "decoder_fn", decoder_fn):
-                _probe_decoder_mask(report, decoder_fn, tgt)
-                _probe_decoder_past(report, decoder_fn)
+                _probe_decoder_mask(report, dec, tgt)
+                _probe_decoder_past(report, dec)
         if cross_fn is not None:
             with slot_watch(report, "cross_fn", cross_fn):
                 _probe_cross_mask(report, cross_fn, src, tgt, explicit=full_contract)
         if full_contract:
             _probe_errors(report, padding_fn, lookahead_fn, cross_fn, src, tgt)
         for name, fn, args in (("padding_fn", padding_fn, (src, 1)),
-                               ("decoder_fn", decoder_fn, (tgt, 1)),
+                               ("decoder_fn", dec, (tgt, 1)),
                                ("cross_fn", cross_fn, (src, tgt, 1))):
             if fn is not None and not report.found:
                 _probe_input_device(report, name, fn, args, devices)
@@ -174,6 +181,11 @@ def _probe_padding(report, fn, src):
                 report.probe(False, f"{what} has shape (N, 1, L) = {(n, 1, length)} "
                              f"(got {tuple(m.shape)})")
                 report.mistake("padding_mask_shape")
+                raise _Failed
+            if tuple(m.shape) == (n, length, 1):
+                report.probe(False, f"{what} has shape (N, 1, L) = {(n, 1, length)} "
+                             f"(got {tuple(m.shape)})")
+                report.mistake("padding_mask_keys_last_axis_missing")
                 raise _Failed
             if m.dim() == 4 and m.shape[1] == 1:
                 report.note("the padding mask is 4-D (N, 1, 1, L); (N, 1, L) is the convention "

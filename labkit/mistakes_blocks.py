@@ -20,6 +20,11 @@ BLOCKS: dict[str, tuple[str, str]] = {
     "padding_mask_shape": ("the padding mask has no query axis",
                            "a padding mask needs a query axis of size one so that it broadcasts "
                            "over every query"),
+    "padding_mask_keys_last_axis_missing": (
+        "the padding mask has shape (N, L, 1) (unsqueeze(-1) or [..., None]): the pads sit on "
+        "the query axis and the mask broadcasts over the keys, so it hides whole query rows "
+        "and no pad key",
+        "the new axis goes in the middle, (N, 1, L): one row of keys that every query shares"),
     "pad_idx_ignored": ("the pad id is hard-coded instead of taken from the pad_idx argument",
                         "the pad id is an argument: take it from there, never from a constant"),
     "padding_on_queries": ("padding masks the query rows instead of the key columns",
@@ -187,8 +192,10 @@ BLOCKS: dict[str, tuple[str, str]] = {
                                   "and the residual adds to the raw stream"),
     "norm_before_residual_add": ("the LayerNorm is applied to the sublayer output before the "
                                  "residual add (x + norm(sublayer(x)))",
-                                 "Post-LN normalises the sum of the residual and the sublayer's "
-                                 "output"),
+                                 "neither layout normalises the sublayer's output alone: Post-LN "
+                                 "normalises the sum of the residual and the sublayer's output, "
+                                 "Pre-LN only what the sublayer reads (the sum is never "
+                                 "normalised inside a Pre-LN layer)"),
     "missing_residual": ("a residual connection is missing",
                          "every sublayer's input is added back to its output"),
     "norms_mixed_up": ("the LayerNorms are used in the wrong sublayers (or one is shared)",

@@ -74,8 +74,8 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
     numbers are compared. A correct forward calls its dropout once on the weights (or once per
     head on each head's weights) and matches; one that skips it, or drops the scores or the
     output, does not. A forward that never calls an nn.Dropout submodule fails
-    (``attn_dropout_unused``), even when ``F.dropout`` changes its output: the contract names
-    ``self.dropout``.
+    (``attn_dropout_unused``), unless it calls ``F.dropout`` with that module's p on the
+    weights (the same computation, accepted as notebook 04's FFN check accepts it).
     """
     text = ("train mode: dropout acts on the weights (N, H, L_q, L_k), once, before they mix "
             "the values")
@@ -89,12 +89,19 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
         v = ref.w_v(mem_v).view(n, l_k, h, d_k).transpose(1, 2)  # (N, H, L_k, d_k)
         ctx = (dropout_stand_in(weights) @ v).transpose(1, 2).reshape(n, l_q, d_model)
         expected = ref.w_o(ctx)  # (N, L_q, d_model)
+    if not seen and changed:  # F.dropout with the module's own p is the same computation
+        out, ps = _functional_dropout_run(module, lambda: _as_output(
+            report, module(x.clone(), mem.clone(), mem_v.clone())))
+        own = {m.p for m in module.modules() if isinstance(m, torch.nn.Dropout)} or {0.1}
+        if ps and set(ps) <= own and report.probe(_close(out, expected), text):
+            report.note("dropout is F.dropout with self.dropout's p: the same computation as "
+                        "calling self.dropout")
+            return
     if not seen:
-        # the contract names self.dropout: F.dropout, or a kernel given only its p, is not it
         report.probe(False, text + " (self.dropout, the module's nn.Dropout, was never called)")
         report.mistake("attn_dropout_unused", "in train mode self.dropout is never called"
-                       + (": the output changes, but not through the module the contract "
-                          "names (F.dropout or a kernel given only self.dropout.p)"
+                       + (": the output changes, but not through self.dropout nor through "
+                          "F.dropout with its p on the weights"
                           if changed else " and the output equals the eval-mode output"))
         return
     if report.probe(_close(out, expected), text):
@@ -118,3 +125,27 @@ def _train_mode_probe(report: _Report, module, ref, x, mem, mem_v) -> None:
     else:
         report.mistake("mismatch", "in train mode the output differs from the reference "
                        "with dropout on the weights")
+
+
+def _functional_dropout_run(module, call):
+    """``call()`` in train mode with ``F.dropout`` returning :func:`dropout_stand_in` of its
+    input; returns (output, the p of each call that dropped). Mode and random state restored."""
+    import torch.nn.functional as F
+
+    ps, real, was_training = [], F.dropout, module.training
+
+    def stand_in(input, p=0.5, training=True, inplace=False):  # noqa: A002 - F's own names
+        if training and p > 0:
+            ps.append(p)
+            return dropout_stand_in(input)
+        return input
+
+    F.dropout = stand_in
+    try:
+        module.train()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = call()
+    finally:
+        F.dropout = real
+        module.train(was_training)
+    return out, ps
