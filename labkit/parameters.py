@@ -14,7 +14,7 @@ calling the kit's own reference (``_formula``, ``_references``: ``delegated``). 
 configs, one is drawn at random on every call, so answers stored for the fixed ones fail; and a
 child process started or fed while the function runs (``subprocess``, ``os.fork``,
 ``multiprocessing``, a process pool) is refused (``param_child_process``): a model built there is
-still a model built.
+still a model built; so is undoing the locks through PyTorch's private hook dicts.
 """
 from __future__ import annotations
 
@@ -203,22 +203,45 @@ class _Built(BaseException):
     """Raised when a module is built (or tx.count_parameters called) while fn runs."""
 
 
+_HOOK_DICTS = tuple(f"_global_{k}_registration_hooks" for k in ("parameter", "buffer", "module"))
+
+
+def _unlocks(fn) -> bool:
+    """Whether fn's code (its nested functions and helpers too) names PyTorch's hook dicts."""
+    stack, seen, env = [getattr(fn, "__code__", None)], set(), getattr(fn, "__globals__", {})
+    while stack:
+        code = stack.pop()
+        if code is None or code in seen:
+            continue
+        if any("registration_hooks" in name for name in code.co_names):
+            return True
+        seen.add(code)
+        stack += [c for c in code.co_consts if hasattr(c, "co_names")]  # nested functions
+        stack += [getattr(env.get(n), "__code__", None) for n in code.co_names]  # its helpers
+    return False
+
+
 def _forbid_models():
     """Refuse building any ``nn.Module`` (and ``tx.count_parameters``) until ``restore()``
-    runs; returns ``(restore, refused)``, a list that is non-empty once anything was refused.
-
-    Two locks: ``nn.Module.__init__`` raises, and so do PyTorch's global hooks for a parameter,
-    buffer or sub-module registered on any module; a constructor restored by the learner's code
+    runs; returns ``(restore, refused)``, true once anything was refused. Two locks:
+    ``nn.Module.__init__`` raises, and so do PyTorch's global hooks for a parameter, buffer or
+    sub-module registered on any module; a constructor restored by the learner's code
     (``cls.__init__ = saved``) still registers its parameters, so it is still caught. A refusal
-    the learner's code swallows is remembered."""
+    the learner's code swallows is remembered, and so is a lock the learner's code undid."""
     from torch.nn.modules import module as torch_module
 
-    refused: list[bool] = []
+    class _Refused(list):
+        def __bool__(self) -> bool:  # also true once the learner's code undid a lock
+            cleared = any(h.id not in (h.hooks_dict_ref() or {}) for h in handles)
+            swapped = any(getattr(torch_module, k) is not d for k, d in hook_dicts.items())
+            return len(self) > 0 or cleared or swapped or torch.nn.Module.__init__ is not refuse
+    refused = _Refused()
 
     def refuse(*args, **kwargs):
         refused.append(True)
         raise _Built
 
+    hook_dicts = {name: getattr(torch_module, name) for name in _HOOK_DICTS}
     init = torch.nn.Module.__init__
     counters = [(mod, mod.count_parameters) for mod in (tx_helpers, introspection)]
     torch.nn.Module.__init__ = refuse
@@ -315,6 +338,8 @@ def check_parameter_counts(fn, verbose: bool = True) -> CheckResult:
         got_all = []
         _REFS.clear()  # the cached answers are out of reach while fn runs
         restore, refused = _forbid_models()
+        if _unlocks(fn):
+            refused.append(True)
         restore_children, children = _forbid_children()
         watch = watch_references(set())  # the kit's own _formula and _references
         try:

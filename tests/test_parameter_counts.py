@@ -313,3 +313,58 @@ def test_switching_the_guard_off_is_caught():
 
     result = quiet(unguarded)
     assert not result.passed and result.mistakes == ["param_child_process"], result.report
+
+
+
+_INIT = nn.Module.__init__  # taken before any check runs, as a learner's notebook could
+
+
+def _meta_counts(config):
+    with torch.device("meta"):
+        built = tx.Transformer(config)
+    out = dict.fromkeys(GROUPS, 0)
+    for name, p in built.named_parameters():
+        out[labkit.parameters.group_of(name)] += p.numel()
+    return out
+
+
+def clears_the_hooks(config):
+    """The cold reader's attack: clear PyTorch's global hook dicts, restore nn.Module.__init__."""
+    from torch.nn.modules import module as m
+    for d in (m._global_parameter_registration_hooks, m._global_buffer_registration_hooks,
+              m._global_module_registration_hooks):
+        d.clear()
+    saved, nn.Module.__init__ = nn.Module.__init__, _INIT
+    try:
+        return _meta_counts(config)
+    finally:
+        nn.Module.__init__ = saved
+
+
+def _swap_hooks_and_count(config):
+    """A helper that swaps the hook dicts for empty ones and puts them back afterwards."""
+    from torch.nn.modules import module as m
+    saved = (m._global_parameter_registration_hooks, m._global_buffer_registration_hooks,
+             m._global_module_registration_hooks, nn.Module.__init__)
+    m._global_parameter_registration_hooks = m._global_buffer_registration_hooks = {}
+    m._global_module_registration_hooks, nn.Module.__init__ = {}, _INIT
+    try:
+        return _meta_counts(config)
+    finally:
+        (m._global_parameter_registration_hooks, m._global_buffer_registration_hooks,
+         m._global_module_registration_hooks, nn.Module.__init__) = saved
+
+
+def swaps_the_hooks(config):
+    return _swap_hooks_and_count(config)
+
+
+@pytest.mark.parametrize("fn", [clears_the_hooks, swaps_the_hooks], ids=["cleared", "swapped back"])
+def test_undoing_the_locks_is_caught(fn):
+    """The locks undone through PyTorch's private hook dicts: still param_built_model."""
+    result = quiet(fn)
+    assert not result.passed and "param_built_model" in result.mistakes, result.report
+    from torch.nn.modules import module as m
+    for name in labkit.parameters._HOOK_DICTS:  # the test restores what clears_the_hooks broke
+        assert isinstance(getattr(m, name), dict)
+    assert quiet(by_modules).passed  # the locks are gone after the check
