@@ -164,6 +164,11 @@ LOSS_AND_DECODING: dict[str, tuple[str, str]] = {
     "decode_eos_after_eos": ("finished rows are filled with EOS instead of PAD after their EOS",
                              "after its EOS a row is padding, like every padded target"),
     # tied embeddings
+    "generator_no_bias": ("the generator has no bias (for example nn.Linear(..., bias=False)); "
+                          "tx.Transformer's generator, which the exercise asks for, has one",
+                          "the generator is a linear layer from d_model to the target "
+                          "vocabulary with a bias of one score per vocabulary entry; tying "
+                          "shares its weight only"),
     "embeddings_not_tied": ("with share_embeddings=True the source embedding, the target "
                             "embedding and the generator must be one Parameter",
                             "tying means one Parameter object shared by the two embeddings and "

@@ -6,7 +6,6 @@ import itertools
 import math
 
 import torch
-from torch import nn
 
 from tx_helpers.config import ModelConfig
 from tx_helpers.masks import decoder_self_mask, lookahead_mask, padding_mask
@@ -100,7 +99,12 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
         tgt = torch.tensor([[2, 7, 3, 28, 1], [2, 4, 13, 9, 17]])
         src_mask = padding_mask(src, 1)
         tgt_mask = decoder_self_mask(tgt, 1)
-        copy_reference(report, module, ref, warmup=lambda m: m(src, tgt, src_mask, tgt_mask))
+        placed = copy_reference(report, module, ref,
+                                warmup=lambda m: m(src, tgt, src_mask, tgt_mask))
+        if "generator.weight" in placed and not report.probe(
+                "generator.bias" in placed, f"the generator has a bias ({config.tgt_vocab_size},),"
+                " like tx.Transformer's"):
+            report.mistake("generator_no_bias")
 
         def run(s, t, sm, tm, what):
             return _as_output(report, _call(
@@ -223,10 +227,12 @@ def _check_pad_from_config(report: _Report, cls, module, ref: Transformer, src, 
 
 
 def _check_tied(report: _Report, module, config) -> None:
-    """The source embedding, target embedding and generator must be one Parameter."""
+    """The source embedding, target embedding and generator must be one Parameter: every
+    (vocab, d_model) Parameter the module holds, under any attribute of any submodule, counted
+    by identity (a custom embedding or projection module counts like nn.Embedding/nn.Linear)."""
     shape = (config.tgt_vocab_size, config.d_model)
-    weights = [m.weight for m in module.modules() if isinstance(m, (nn.Embedding, nn.Linear))
-               and getattr(m, "weight", None) is not None and tuple(m.weight.shape) == shape]
+    weights = [p for _, p in module.named_parameters(remove_duplicate=False)
+               if tuple(p.shape) == shape]
     distinct = list({id(w): w for w in weights}.values())
     if report.probe(len(weights) >= 3 and len(distinct) == 1, f"the two embeddings and the "
                     f"generator hold one Parameter {shape} ({len(weights)} uses, "
@@ -234,6 +240,9 @@ def _check_tied(report: _Report, module, config) -> None:
         return
     if len(distinct) > 1 and all(torch.equal(w, distinct[0]) for w in distinct):
         report.mistake("embeddings_copied_not_tied")
+    elif len(distinct) == 1:
+        report.mistake("embeddings_not_tied", f"only {len(weights)} of the three modules use "
+                       "the shared matrix")
     else:
         report.mistake("embeddings_not_tied", f"{len(distinct)} separate matrices")
 
