@@ -76,6 +76,21 @@ def test_the_forked_route_marks_as_a_fresh_kernel_does(tmp_path):
     assert "no_scaling" in by[("wrong.ipynb", "check_attention(attention)")]["mistakes"]
 
 
+def test_a_prediction_computed_from_the_notebooks_variables_is_caught(tmp_path):
+    """The forked route keeps the input history a kernel keeps: a prediction pasted from a
+    variable scores 0 as ``prediction_pasted``; a typed one scores its points."""
+    cells = ["import labkit", "rows = list(range(20))", "predicted_rows = {}  ### PREDICTION",
+             "labkit.check_prediction('rows', predicted_rows, 20)"]
+    pasted = notebook(tmp_path / "pasted.ipynb", *[c.format("len(rows)") for c in cells])
+    typed = notebook(tmp_path / "typed.ipynb", *[c.format("20") for c in cells])
+    out = tmp_path / "grades.csv"
+    grade.main([str(pasted), str(typed), "--out", str(out), "--jobs", "1"])
+    rows = {r["notebook"]: r for r in csv.DictReader(out.open())
+            if r["check"] == "prediction"}
+    assert rows["pasted.ipynb"]["mistakes"] == "prediction_pasted", rows
+    assert rows["typed.ipynb"]["passed"] == "True" and rows["typed.ipynb"]["mistakes"] == "", rows
+
+
 def test_a_cell_that_never_ends_is_stopped_and_the_rest_still_graded(tmp_path):
     path = notebook(tmp_path / "loops.ipynb", IMPORTS, ATTENTION, "while True:\n    pass")
     out = tmp_path / "grades.csv"

@@ -44,7 +44,11 @@ def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
         def enable_gui(self, gui=None):  # %matplotlib inline asks; there is no event loop
             pass
 
-    shell = Shell.instance(colors="NoColor")
+    from traitlets.config import Config
+
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"  # In[] kept as a kernel keeps it, in memory
+    shell = Shell.instance(config=config, colors="NoColor")
     shell.display_formatter.active_types = ["text/plain"]  # figures are never drawn
 
     def expire(signum, frame):
@@ -58,7 +62,9 @@ def run_here(path: Path, timeout: int = 120, prediction_points: float = 0.5
         out = io.StringIO()
         signal.alarm(timeout)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            result = shell.run_cell(cell.source, store_history=False)
+            # with history, as a kernel runs it: check_prediction reads In[] to catch a
+            # prediction computed from the notebook's own variables
+            result = shell.run_cell(cell.source, store_history=True)
         signal.alarm(0)
         errors += index < n_cells and not result.success
         text = out.getvalue()
