@@ -91,6 +91,39 @@ def test_a_prediction_computed_from_the_notebooks_variables_is_caught(tmp_path):
     assert rows["typed.ipynb"]["passed"] == "True" and rows["typed.ipynb"]["mistakes"] == "", rows
 
 
+EVEN_ONLY_TABLE = (  # right for even d_model; raises for odd d_model (the column slices differ)
+    "import math\n"
+    "def positional_table(max_len, d_model, dtype=torch.float32):\n"
+    "    pe = torch.zeros(max_len, d_model, dtype=torch.float64)\n"
+    "    pos = torch.arange(max_len, dtype=torch.float64)[:, None]\n"
+    "    omega = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64)"
+    " * (-math.log(10000.0) / d_model))\n"
+    "    pe[:, 0::2] = torch.sin(pos * omega)\n"
+    "    pe[:, 1::2] = torch.cos(pos * omega)\n"
+    "    return pe.to(dtype)")
+
+
+def test_the_grade_asks_what_the_lab_asks_even_if_the_check_call_is_edited(tmp_path):
+    """The options a check runs with come from the lab's record of its check calls (metadata
+    ``tx_lab``), not from the learner's cells: dropping ``odd_d_model=True`` from the call in
+    the notebook does not let an even-only table pass."""
+    path = notebook(tmp_path / "edited.ipynb", IMPORTS, EVEN_ONLY_TABLE,
+                    "labkit.check_positional_encoding(positional_table)")
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata["tx_lab"] = {
+        "exercises": [{"name": "positional_table", "number": 1, "section": "4"}],
+        "predictions": [],
+        "checks": [{"call": "labkit.check_positional_encoding(positional_table, "
+                            "odd_d_model=True)"}]}
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    grade.main([str(path), "--out", str(out), "--jobs", "1"])
+    rows = {r["check"]: r for r in csv.DictReader(out.open())}
+    row = rows["check_positional_encoding(positional_table)"]
+    assert row["passed"] == "False", row
+    assert marks(out)["edited.ipynb"][0] != "1", rows
+
+
 def test_a_cell_that_never_ends_is_stopped_and_the_rest_still_graded(tmp_path):
     path = notebook(tmp_path / "loops.ipynb", IMPORTS, ATTENTION, "while True:\n    pass")
     out = tmp_path / "grades.csv"

@@ -306,7 +306,8 @@ def export_notebook(path: Path, prediction_points: float | None = None,
     nb.metadata[markup.LAB_KEY] = {  # make grade reads what the lab grades from here too
         "exercises": [{k: e[k] for k in ("number", "name", "section")} for e in info["exercises"]],
         "predictions": [{k: p[k] for k in ("number", "name", "label", "section")}
-                        for p in info["predictions"]]}
+                        for p in info["predictions"]],
+        "checks": [{"call": c["call"]} for c in info["checks"]]}
     return nb, total
 
 
