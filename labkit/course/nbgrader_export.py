@@ -298,9 +298,8 @@ def export_notebook(path: Path, prediction_points: float | None = None,
                 answer.metadata["nbgrader"].update(grade=True, points=written_points)
                 total += written_points
             cells.append(answer)
-    for cell in cells:
-        if nb.nbformat_minor < 5:
-            cell.pop("id", None)
+    for cell in cells if nb.nbformat_minor < 5 else ():
+        cell.pop("id", None)
     nb.cells = cells
     nb.metadata.pop("widgets", None)
     nb.metadata[markup.LAB_KEY] = {  # make grade reads what the lab grades from here too
