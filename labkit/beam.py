@@ -35,8 +35,9 @@ _SHAPES = ("memory (K, L_src, d_model), src_mask (K, 1, L_src), alive (K, t) sta
 
 
 def _reference_step(model, memory, src_mask, cache, alive, alive_scores, *, bos_idx, eos_idx,
-                    length_penalty, summed=True, log_softmax=True, exclude=True):
-    """One step as tx.beam_search takes it, for one source (the flags plant known mistakes)."""
+                    length_penalty, summed=True, log_softmax=True, exclude=True, per_beam=None):
+    """One step as tx.beam_search takes it, for one source (the flags plant known mistakes;
+    ``per_beam=n`` ranks only each beam's own top n candidates)."""
     k, t = alive.shape
     pad_idx = model.config.pad_idx
     hidden = model.decode(alive[:, -1:], memory, src_mask, cache=cache)  # (K, 1, d_model)
@@ -46,6 +47,8 @@ def _reference_step(model, memory, src_mask, cache, alive, alive_scores, *, bos_
         logp[:, [pad_idx, bos_idx]] = _NEG
     cand = (alive_scores[:, None] if summed else 0.0) + logp  # (K, V)
     vocab = cand.size(1)
+    if per_beam is not None:  # each row keeps its own top n; the rest can never be chosen
+        cand = torch.full_like(cand, _NEG).scatter(1, *reversed(cand.topk(per_beam, 1)))
     top, idx = cand.view(-1).topk(2 * k)  # (2K,) best first
     parent, token = idx // vocab, idx % vocab  # (2K,)
     seqs = torch.cat([alive[parent], token[:, None]], dim=1)  # (2K, t+1)
@@ -57,8 +60,7 @@ def _reference_step(model, memory, src_mask, cache, alive, alive_scores, *, bos_
             top[fin] / gnmt_length_penalty(t, length_penalty))
 
 
-def _lp(t: int, alpha: float) -> float:
-    return gnmt_length_penalty(t, alpha)
+_lp = gnmt_length_penalty
 
 
 @torch.no_grad()
@@ -155,7 +157,7 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-4 + 1e-4 * abs(b)
 
 
-def _check_outputs(report: _Report, out, t: int):
+def _check_outputs(report: _Report, out, t: int, short: str = "beam_top_k_only"):
     if not (isinstance(out, (tuple, list)) and len(out) == 4
             and all(isinstance(x, torch.Tensor) for x in out)):
         report.probe(False, "returns four tensors (alive, alive_scores, finished_tokens, "
@@ -167,6 +169,12 @@ def _check_outputs(report: _Report, out, t: int):
     shapes = (tuple(alive.shape) == (K, t + 1) and tuple(scores.shape) == (K,)
               and fin_tokens.dim() == 2 and fin_tokens.size(1) == t + 1
               and tuple(fin_scores.shape) == (fin_tokens.size(0),))
+    if (not shapes and alive.dim() == 2 and alive.size(1) == t + 1 and alive.size(0) < K
+            and alive.size(0) + fin_tokens.size(0) == K):
+        report.probe(False, f"the step returns K = {K} live prefixes (got {alive.size(0)}, "
+                     f"and {fin_tokens.size(0)} finished)")
+        report.mistake(short)  # too few ranked: all K, or each beam's own K (first step)
+        raise _Failed
     if not report.probe(shapes, f"shapes: alive (K, t+1) = ({K}, {t + 1}), alive_scores ({K},), "
                         f"finished (F, {t + 1}) and (F,); got {tuple(alive.shape)}, "
                         f"{tuple(scores.shape)}, {tuple(fin_tokens.shape)}, "
@@ -279,6 +287,42 @@ def _probe_top_k_only(report: _Report, fn, model) -> None:
     report.mistake("beam_finished_from_top_2k" if got == every else "beam_finished_wrong_set")
 
 
+def _cache_decides(report: _Report, rest: _Report, cache_report: _Report) -> None:
+    """A stale cache makes every later step wrong: the check fails on it alone; the step's other
+    probes (the shapes too) are a note, for no credit."""
+    report.probes = cache_report.probes
+    report.found.update(cache_report.found)
+    report.found.update({k: v for k, v in rest.found.items() if k != "mismatch"})
+    wrong = "; ".join(text for ok, text in rest.probes if not ok)
+    report.note(f"the cache decides this check: with it wrong, every later step reads another "
+                f"hypothesis's history, so the step's other {len(rest.probes) + 1} probes earn "
+                "nothing; of them, " + (f"these failed: {wrong}" if wrong else "all passed (the "
+                "shapes, the live prefixes and their scores, the finished hypotheses)"))
+
+
+def _probe_first_step(report: _Report, fn, model) -> None:
+    """The first step of source 1 (one real beam, the K - 1 copies at -inf): every survivor
+    extends beam 0, which needs more than its own top K candidates when one of them is <eos>."""
+    memory, mask, cache, alive, scores = _probe_state(model, source=1, t=1)
+    expected = _reference_step(model, memory, mask, copy.deepcopy(cache), alive, scores,
+                               bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA)
+    out = _call(report, "fn(...) on a first step (alive (K, 1), one real beam)", fn, model,
+                memory, mask, copy.deepcopy(cache), alive.clone(), scores.clone(),
+                bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA, shape_hint=_SHAPES)
+    mine = _check_outputs(report, out, 1, short="beam_per_beam_top_k")
+    if report.probe(torch.equal(mine[0], expected[0])
+                    and torch.allclose(mine[1], expected[1], atol=1e-4),
+                    "on a first step (one real beam, an <eos> among its top K) the K live "
+                    "prefixes all extend that beam"):
+        return
+    per_beam = _reference_step(model, memory, mask, copy.deepcopy(cache), alive, scores,
+                               bos_idx=BOS, eos_idx=EOS, length_penalty=ALPHA, per_beam=K)
+    real = per_beam[1].isfinite()  # the copies' -inf candidates tie: any of them will do
+    same = (torch.equal(mine[1].isfinite(), real) and torch.equal(mine[0][real], per_beam[0][real])
+            and torch.allclose(mine[1][real], per_beam[1][real], atol=1e-4))
+    report.mistake("beam_per_beam_top_k" if same else "beam_wrong_selection")
+
+
 def _probe_cache(report, model, state, mine, cache_after):
     """The next step with the learner's cache must equal decoding the learner's prefixes whole."""
     memory, mask, cache_before, alive, _ = state
@@ -325,12 +369,21 @@ def check_beam_search(fn, *, verbose: bool = True) -> CheckResult:
                     alive.clone(), scores.clone(), bos_idx=BOS, eos_idx=EOS,
                     length_penalty=ALPHA, shape_hint=_SHAPES)
         mine = _check_outputs(report, out, alive.size(1))
-        _probe_live(report, model, state, mine, expected)
-        _probe_finished(report, mine, expected, alive.size(1))
-        _probe_cache(report, model, state, mine, mine_cache)
+        rest = _Report(report.name)  # the live and finished probes: they count only with the cache
+        _probe_live(rest, model, state, mine, expected)
+        _probe_finished(rest, mine, expected, alive.size(1))
+        cache_report = _Report(report.name)
+        _probe_cache(cache_report, model, state, mine, mine_cache)
+        if cache_report.found:
+            _cache_decides(report, rest, cache_report)
+            return
+        report.probes += rest.probes + cache_report.probes
+        report.found.update(rest.found)
         if report.found:
             return
         _probe_top_k_only(report, fn, model)
+        if not report.found:
+            _probe_first_step(report, fn, model)
         if report.found:
             return
         want = beam_search(model, _SRC, bos_idx=BOS, eos_idx=EOS, max_len=MAX_LEN,

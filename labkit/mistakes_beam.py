@@ -32,6 +32,15 @@ BEAM: dict[str, tuple[str, str]] = {
         "the live prefixes are scored right but the wrong ones are kept", "the K survivors "
         "are the best of all K x V extensions together, across beams, not the best of each "
         "beam"),
+    "beam_top_k_only": (
+        "only the top K candidates were ranked, so each <eos> among them left one live prefix "
+        "fewer than K", "a finished hypothesis leaves the beam, yet K prefixes must stay "
+        "alive: rank enough candidates that K of them can still be live"),
+    "beam_per_beam_top_k": (
+        "each beam kept only its own top K candidates before the ranking across beams, so a "
+        "beam that deserves more survivors loses some (here the first step, where one beam is "
+        "real and an <eos> is among its top K)", "the survivors can all come from one beam: "
+        "how many candidates must each beam offer so that K of them can be live?"),
     "beam_finished_wrong_set": (
         "the finished hypotheses are not the <eos> candidates ranked in the top K",
         "rank all candidates together; an <eos> candidate that K others beat is dropped"),

@@ -15,7 +15,7 @@ NEG = float("-inf")
 
 def make_step(sum_scores=True, use_log_softmax=True, exclude=True, penalty="gnmt",
               eos_leaves=True, reorder="parent", sort=True, per_beam=False, renormalise=False,
-              use_cache=True):
+              use_cache=True, ranked=2, beam_keeps=None):
     """A learner's beam step, correct by default; each argument plants one mistake."""
 
     def beam_step(model, memory, src_mask, cache, alive, alive_scores, *, bos_idx, eos_idx,
@@ -42,9 +42,9 @@ def make_step(sum_scores=True, use_log_softmax=True, exclude=True, penalty="gnmt
                     continue
                 row.append((base + float(logp[b, tok]), b, tok))
             row.sort(key=lambda c: -c[0])
-            cands += row[:1] if per_beam else row  # per_beam: each beam keeps its own best
+            cands += row[:1] if per_beam else row[:beam_keeps]  # per_beam: its own best only
         cands.sort(key=lambda c: -c[0])
-        top = cands[: 2 * k]
+        top = cands[: ranked * k]  # ranked=1: only the top K
         finished, live = [], []
         for rank, (score, b, tok) in enumerate(top):
             if tok == eos_idx and eos_leaves:
@@ -85,6 +85,8 @@ MISTAKES = {
     "beam_live_not_sorted": make_step(sort=False),
     "beam_wrong_selection": make_step(per_beam=True),
     "beam_renormalised": make_step(renormalise=True),
+    "beam_top_k_only": make_step(ranked=1),
+    "beam_per_beam_top_k": make_step(beam_keeps=3),
 }
 
 
@@ -236,3 +238,18 @@ def test_penalty_off_by_one_prints_no_worked_answer():
     assert "✗ a finished score is its summed log-probability divided by the GNMT length " \
            "penalty" in result.report, result.report
     assert "(5 +" not in result.report and "** 0.6" not in result.report, result.report
+
+
+def test_a_stale_cache_decides_the_check():
+    """A step right in everything but the cache earns nothing: its other probes are a note."""
+    from labkit.marks import mark_result
+
+    result = g.check_beam_search(MISTAKES["beam_cache_not_reordered"], verbose=False)
+    assert mark_result("beam_step", result, 2).score == 0, result.report
+    assert "the cache decides this check" in result.report and "all passed" in result.report
+
+
+def test_each_beam_offering_k_plus_one_candidates_passes():
+    """Each beam's own top K + 1, then one ranking across beams: enough, and correct."""
+    result = g.check_beam_search(make_step(beam_keeps=4), verbose=False)
+    assert result.passed, result.report
