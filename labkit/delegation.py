@@ -210,6 +210,8 @@ def identity_delegation(obj, names: set[str]) -> str | None:
         if any(inner is ref for ref in refs):
             return f"it is tx_helpers' {refs[inner]} itself, bound to another name"
         code = getattr(inner, "__code__", None)
+        if code in (kit := _kit_references()):  # from labkit.amp import _amp_step as amp_step
+            return f"it is the lab kit's own answer, {kit[code]}, bound to another name"
         if code in codes:
             return f"it runs the code of tx_helpers' {codes[code]}"
         if isinstance(code, types.CodeType) and _fingerprint(code) in copies:
@@ -220,31 +222,6 @@ def identity_delegation(obj, names: set[str]) -> str | None:
 def _copies(codes: dict) -> dict:
     """Fingerprint -> reference name, for the reference code objects long enough to tell."""
     return {fp: name for code, name in codes.items() if (fp := _fingerprint(code)) is not None}
-
-
-class code_ran:
-    """Context manager: ``found`` is True once a Python call's code satisfies ``match(code)``,
-    whoever called it (a generator the check iterates counts too); chained with any profile hook
-    already set, such as the grade's :class:`watch_references`."""
-
-    def __init__(self, match):
-        self.found = False
-        self._match = match
-
-    def __enter__(self):
-        self._previous = sys.getprofile()
-        sys.setprofile(self._hook)
-        return self
-
-    def _hook(self, frame, event, arg):
-        if self._previous is not None:
-            self._previous(frame, event, arg)
-        if event == "call" and not self.found and self._match(frame.f_code):
-            self.found = True
-
-    def __exit__(self, *exc):
-        sys.setprofile(self._previous)
-        return False
 
 
 class watch_references:

@@ -24,10 +24,8 @@ def find_delegation(obj, check_name: str, slot: str | None = None,
     class, only these methods' sources are read (the rest is code the lab hands out).
     """
     refs = reference_names(check_name, slot)
-    if not refs:
-        return None
-    found = identity_delegation(obj, refs)
-    if found:
+    found = identity_delegation(obj, refs)  # the lab kit's own answers, with or without refs
+    if found or not refs:
         return found
     target = getattr(obj, "func", obj)  # a functools.partial
     if isinstance(target, type):

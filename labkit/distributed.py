@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from . import mistakes_loss_decoding  # noqa: F401 - defines loss_detached
-from .delegation import code_ran
+from .code_ran import code_ran
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 

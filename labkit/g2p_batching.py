@@ -20,7 +20,7 @@ from tx_helpers.g2p import (
     make_g2p_batch,
 )
 
-from .delegation import code_ran
+from .code_ran import code_ran
 from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Report, _run_check
 

@@ -16,6 +16,12 @@ GREEDY_CALL = "model, src, bos_idx=bos_idx, eos_idx=eos_idx, max_len=max_len"
 
 # route -> (exercise name, the learner's cell)
 GAMED = {
+    "the lab kit's own AMP step, bound to the exercise's name": ("amp_step", """
+from labkit.amp import _amp_step as amp_step
+"""),
+    "the lab kit's own loss, bound to the exercise's name": ("token_mean_loss", """
+from labkit.distributed import _reference as token_mean_loss
+"""),
     "the lab kit's own parameter formula": ("parameter_counts", """
 from labkit.parameters import _formula
 def parameter_counts(config):
