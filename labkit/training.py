@@ -17,7 +17,17 @@ from .compare import (
     _compare,
 )
 from .localize_loss import StepTrace, localise_step
+from .mistakes import MISTAKES
 from .report import CheckResult, _call, _Failed, _Report, _run_check
+
+MISTAKES.update({
+    "zero_grad_at_end": ("the gradients were cleared after the update, not before this step's "
+                         "backward, so the stale gradients the model arrived with reached the "
+                         "first update",
+                         "the model may arrive with gradients left by earlier code (an "
+                         "evaluation, an inspection's backward): clear them before this step's "
+                         "gradients are added"),
+})
 
 _STEP_SHAPES = ("the batch is (src (N, L_src), tgt_in (N, L_tgt), tgt_out (N, L_tgt)); the "
                 "logits are (N, L_tgt, V); the criterion takes (N * L_tgt, V) and "
@@ -71,9 +81,10 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
 
     Three steps from the same start must give the reference's losses, norms and weights. A
     plain SGD (lr = the Noam rate) makes zeroing, clipping and the schedule's order visible.
-    The model is handed over in eval mode (as after an evaluation) and the first step is traced
-    (:class:`.localize_loss.StepTrace`): the forward pass must run in train mode, and when the
-    numbers differ the trace names the part: the calls in order,
+    The model is handed over in eval mode and with stale gradients (as after an evaluation or an
+    inspection's backward; clearing them only after the update is ``zero_grad_at_end``), and the
+    first step is traced (:class:`.localize_loss.StepTrace`): the forward pass must run in train
+    mode, and when the numbers differ the trace names the part: the calls in order,
     the norm after backward and at the update (clipping after the step, by value), the
     returned loss and norm.
     """
@@ -95,13 +106,19 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
     def flat(model):
         return torch.cat([p.detach().flatten() for p in model.parameters()])
 
+    def stale(model):  # gradients left on the model by earlier code (an inspection's backward)
+        g = torch.Generator().manual_seed(14)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+
     def variant(zero_grad=True, max_norm=clip, schedule="after", dec_in=1, labels=2):
         model, optimizer, scheduler, criterion = fresh()
+        stale(model)
         losses, norms = [], []
-        for batch in batches:
+        for i, batch in enumerate(batches):
             logits = model(batch[0], batch[dec_in])  # (N, L_tgt, V)
             loss = criterion(logits.reshape(-1, logits.size(-1)), batch[labels].reshape(-1))
-            if zero_grad:
+            if zero_grad is True or (zero_grad == "end" and i > 0):  # "end": after the update
                 optimizer.zero_grad()
             loss.backward()
             norms.append(float(nn.utils.clip_grad_norm_(model.parameters(),
@@ -120,6 +137,7 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
         with torch.enable_grad():
             model, optimizer, scheduler, criterion = fresh()
             model.eval()  # handed over as after an evaluation: the step must switch to train
+            stale(model)  # with stale gradients: only this step's may reach the update
             returned = []
             legacy = _legacy_order(fn)
             order = "scheduler, criterion" if legacy else "criterion, scheduler"
@@ -162,7 +180,7 @@ def check_train_step(fn, *, verbose: bool = True) -> CheckResult:
                     report.mistake("grad_norm_after_clip")
             else:
                 report.mistake("wrong_return", f"got {returned[0]!r}"[:120])
-            axes = {"zero_grad": [True, ("no_zero_grad", False)],
+            axes = {"zero_grad": [True, ("no_zero_grad", False), ("zero_grad_at_end", "end")],
                     "max_norm": [clip, ("no_clipping", None)],
                     "schedule": ["after", ("scheduler_not_stepped", "never"),
                                  ("scheduler_before_optimizer", "before")],
