@@ -2,19 +2,12 @@
 
 :func:`check_amp_step` grades ``fn(micro_losses, model, optimizer, scaler, clip_norm) ->
 (grad_norm, skipped)``: k micro-batch losses (each with its graph) make ONE optimizer step whose
-gradient is that of their mean, taken through a ``torch.amp.GradScaler``. ``tx.train_step`` has
-the single-batch order (scale, backward, unscale, clip, step, update); accumulation is not in the
-package: the gradients are zeroed once, every micro-batch loss is divided by k and scaled, and the
-unscale, clip, step and update run once, after the last backward. The check runs the learner's
-step with a real ``GradScaler`` (on the CPU) and compares weights, scale and norms with the right
-step and with the known wrong ones (zeroing per micro-batch, no division by k, a step per
-micro-batch, clipping before unscaling, no unscale, update before step, ``optimizer.step()`` that
-bypasses the scaler, no loss scaling, no clipping, zeroing at the end, one backward for all the
-micro-batches); every run starts with stale gradients in ``.grad``; a step whose second
-micro-batch loss is infinite, and one whose loss is finite but whose gradients overflow, must be
-skipped and reported as skipped, and the finite steps as not skipped, both under a scaler that
-grows the scale after every finite step and under PyTorch's default growth interval (2000), where
-a finite step leaves the scale unchanged.
+gradient is that of their mean, through a real ``torch.amp.GradScaler`` on the CPU. Weights,
+scale and norms are compared with the right step and with the known wrong ones (the keys of
+``_AMP_VARIANTS`` and the call log); every run starts with stale gradients in ``.grad``; each
+backward must free its graph; a step with an infinite micro-batch loss, and one with a finite
+loss whose gradients overflow, must be skipped and reported so, finite steps not, both when the
+scale grows after every finite step and under PyTorch's default growth interval (2000).
 """
 from __future__ import annotations
 
@@ -82,6 +75,10 @@ MISTAKES.update({
                                "accumulation exists so that only one micro-batch's graph is in "
                                "memory at a time: each micro-batch's loss gets its own backward, "
                                "and .grad adds them up"),
+    "amp_retain_graph": ("a micro-batch's graph was still there after the step "
+                         "(backward with retain_graph=True)",
+                         "accumulation keeps one micro-batch's graph in memory at a time: each "
+                         "backward must free its graph, as backward does by default"),
 })
 
 
@@ -192,10 +189,11 @@ _STEP = "|"  # where each step begins in the call log
 
 
 def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, log=None,
-               blow_up="loss", backwards=None, growth_interval=1):
+               blow_up="loss", backwards=None, growth_interval=1, kept=None):
     """Weights, the scale after each step, what each step returned, after ``n_steps`` of
-    ``step`` (and the call log with spy; ``backwards`` gets the backward passes of each step;
-    ``growth_interval`` is the scaler's: 1 grows the scale after every finite step)."""
+    ``step`` (and the call log with spy; ``backwards`` gets the backward passes of each step,
+    ``kept`` whether a graph survived it; ``growth_interval`` is the scaler's: 1 grows the scale
+    after every finite step)."""
     model, opt, scaler, x, y = _amp_setup(seed, growth_interval)
     gen = torch.Generator().manual_seed(seed + 2)
     for p in model.parameters():  # stale gradients, e.g. from an earlier step: clear them first
@@ -215,6 +213,12 @@ def _run_steps(step, n_steps=3, clip=0.5, seed=31, blow_up_at=None, spy=False, l
         scales.append(scaler.get_scale())
         if backwards is not None:
             backwards.append(counted[0])
+        if kept is not None:  # did the first loss's graph survive? A second pass tells
+            try:
+                torch.autograd.grad(losses[0], list(model.parameters()), allow_unused=True)
+                kept.append(True)
+            except RuntimeError as err:  # freed: "... the graph a second time"; kept, then
+                kept.append("second time" not in str(err))  # stepped: "modified by an inplace"
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     return weights, scales, outs, log
 
@@ -223,9 +227,7 @@ def _flag(value):
     """A returned skipped flag as a bool (a bool, 0/1 or a one-element bool tensor), else None."""
     if isinstance(value, torch.Tensor):
         return bool(value) if value.numel() == 1 and value.dtype == torch.bool else None
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        return bool(value)
-    if isinstance(value, int) and value in (0, 1):
+    if type(value).__name__ == "bool_" or (isinstance(value, int) and value in (0, 1)):
         return bool(value)
     return None
 
@@ -252,9 +254,8 @@ def _shown_flag(flag, out) -> str:
 
 
 def _describe(value) -> str:
-    if isinstance(value, (tuple, list)):
-        return f"a {type(value).__name__} of {len(value)}"
-    return f"a {type(value).__name__}"
+    size = f" of {len(value)}" if isinstance(value, (tuple, list)) else ""
+    return f"a {type(value).__name__}{size}"
 
 
 def _name_from_log(report: _Report, log: list) -> None:
@@ -287,21 +288,18 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
     values on entry. The step's gradient must be that of the mean of the k losses, the returned
     norm that of the true gradients before clipping, and ``skipped`` whether the scaler skipped
     the step (a bool, or a one-element bool tensor); each micro-batch loss gets its own
-    backward. Three steps from the same start must give the reference's weights, scale and
-    norms, each reported as not skipped, both with a scaler whose scale grows after every finite
-    step and with PyTorch's default growth interval, where the scale stays unchanged; a run
-    whose second step has an infinite micro-batch loss, and one whose second step has a finite
-    loss with overflowing gradients, must skip that step and report it as skipped.
+    backward, which frees its graph. The probes are listed in the module docstring.
     """
 
     def body(report: _Report):
         want_w, want_scales, want_outs, _ = _run_steps(_right)
         want_norms, want_flags, _ = _split(want_outs)
         assert want_flags == [False] * 3
-        log, backwards = [], []
+        log, backwards, kept = [], [], []
         try:
             got_w, got_scales, got_outs, _ = _call(report, "your step, 3 times", _run_steps, fn,
-                                                   spy=True, log=log, backwards=backwards)
+                                                   spy=True, log=log, backwards=backwards,
+                                                   kept=kept)
         except _Failed:
             if "not_implemented" not in report.found:
                 _name_from_log(report, log)
@@ -314,6 +312,8 @@ def check_amp_step(fn, *, verbose: bool = True) -> CheckResult:
                             f"(yours: {', '.join(map(str, backwards))})"):
             if all(b < K for b in backwards):
                 report.mistake("amp_accum_one_backward")
+        elif not report.probe(not any(kept), "each backward freed its micro-batch's graph"):
+            report.mistake("amp_retain_graph")
         got_norms, got_flags, is_pair = _split(got_outs)
         if not is_pair:
             report.probe(False, "your step returns the pair (grad_norm, skipped); it returned "

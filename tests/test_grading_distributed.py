@@ -244,6 +244,26 @@ def unscale_each(micro_losses, model, optimizer, scaler, clip_norm):
     return norm, not torch.isfinite(norm)
 
 
+def keeps_graph(micro_losses, model, optimizer, scaler, clip_norm):
+    """Right in every number, but each backward keeps its graph (retain_graph=True)."""
+    optimizer.zero_grad()
+    for loss in micro_losses:
+        scaler.scale(loss / len(micro_losses)).backward(retain_graph=True)
+    scaler.unscale_(optimizer)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    start = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return norm, scaler.get_scale() < start
+
+
+def test_a_backward_that_keeps_its_graph_is_named():
+    result = quiet(labkit.check_amp_step, keeps_graph)
+    assert not result.passed and result.mistakes == ["amp_retain_graph"], result.report
+    right = quiet(labkit.check_amp_step, amp_step)
+    assert "each backward freed its micro-batch's graph" in right.report
+
+
 @pytest.mark.parametrize("fn", [amp_step, cleared_by_hand])
 def test_the_right_step_passes(fn):
     result = quiet(labkit.check_amp_step, fn)
