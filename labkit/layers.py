@@ -33,6 +33,11 @@ MISTAKES.update({
         "another library's layer), or where the reference has none",
         "each sublayer's output passes the layer's own dropout once, before the residual "
         "add, and nothing else in the layer is dropped"),
+    "cross_attn_on_norm_memory": (
+        "cross-attention's keys and values are the memory passed through the decoder's own "
+        "LayerNorm (norm2): Pre-LN normalises the sublayer's input x, the queries' side only",
+        "pass memory to cross_attn as key and value as it comes from the encoder, whose final "
+        "norm has already normalised it"),
 })
 
 
@@ -179,12 +184,17 @@ def check_encoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
     return _run_check("check_encoder_layer", body, verbose, cls)
 
 
-def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) -> CheckResult:
+def check_decoder_layer(cls, *, norm_first: bool = False, both_layouts: bool = False,
+                        verbose: bool = True) -> CheckResult:
     """Check ``cls(d_model, n_heads, d_ff, dropout)`` with self_attn, cross_attn, feed_forward,
     norm1..norm3 and ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
 
     The reference is :class:`tx_helpers.DecoderLayer` (Post-LN unless ``norm_first=True``).
+    ``both_layouts=True``: one check of both, ``cls(...)`` as Post-LN and
+    ``cls(..., norm_first=True)`` as Pre-LN; it passes only if both do.
     """
+    if both_layouts:
+        return _both_layouts(cls, verbose)
     d_model, n_heads, d_ff = 32, 4, 64
 
     def body(report: _Report):
@@ -218,6 +228,9 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                 if cross == "on_x":
                     def ca(h):
                         return ref.cross_attn(h, h, h, tm)
+                elif cross == "norm_memory":  # the query's norm applied to memory as well
+                    def ca(h, norm=norm_mods[1]):
+                        return ref.cross_attn(h, norm(memory), norm(memory), mm)
                 elif cross == "self":
                     def ca(h):
                         return ref.self_attn(h, memory, memory, mm)
@@ -232,6 +245,8 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
             axes = _layer_axes(norm_first, 3)
             axes["cross"] = [None, ("cross_attn_on_x", "on_x"),
                              ("self_attn_reused_for_cross", "self")]
+            if norm_first:
+                axes["cross"].append(("cross_attn_on_norm_memory", "norm_memory"))
             if t_m is not None:
                 axes["masking"] = [None, ("tgt_mask_not_passed", "tgt"),
                                    ("memory_mask_not_passed", "memory")]
@@ -270,6 +285,30 @@ def check_decoder_layer(cls, *, norm_first: bool = False, verbose: bool = True) 
                               lambda mod: mod(x.clone(), memory.clone(), tgt_mask, mem_mask))
 
     return _run_check("check_decoder_layer", body, verbose, cls)
+
+
+def _both_layouts(cls, verbose: bool) -> CheckResult:
+    """Post-LN on ``cls(...)`` and Pre-LN on ``cls(..., norm_first=True)``, one report."""
+    import functools
+
+    pre = functools.partial(cls, norm_first=True) if callable(cls) else cls
+    merged = _Report("check_decoder_layer", verbose, getattr(cls, "__name__", ""))
+    for layout, result in (("Post-LN", check_decoder_layer(cls, verbose=False)),
+                           ("Pre-LN", check_decoder_layer(pre, norm_first=True,
+                                                          verbose=False))):
+        for line in result.messages:
+            if line.startswith(("  ✓ ", "  ✗ ")):
+                merged.probe(line.startswith("  ✓ "), f"{layout}: {line[4:]}")
+            elif line.startswith("Note: "):
+                merged.note(line[len("Note: "):])
+        lines = result.messages + [""]
+        found = [(text[len("Diagnosis: "):], after[len("Hint: "):] if after.startswith("Hint: ")
+                  else "") for text, after in zip(lines, lines[1:], strict=False)
+                 if text.startswith("Diagnosis: ")]
+        for key, (text, hint) in zip(result.mistakes, found, strict=False):
+            if key not in merged.found:
+                merged.found[key] = (f"{layout}: {text}", hint or MISTAKES.get(key, ("", ""))[1])
+    return merged.finish()
 
 
 
