@@ -124,6 +124,17 @@ def test_the_grade_asks_what_the_lab_asks_even_if_the_check_call_is_edited(tmp_p
     assert marks(out)["edited.ipynb"][0] != "1", rows
 
 
+def test_a_cell_tagged_grade_skip_is_not_run(tmp_path):
+    path = notebook(tmp_path / "skip.ipynb", IMPORTS, ATTENTION, "raise SystemExit('a long demo')")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].metadata["tags"] = ["grade-skip"]
+    nbformat.write(nb, path)
+    out = tmp_path / "grades.csv"
+    grade.main([str(path), "--out", str(out), "--jobs", "1"])
+    rows = {r["check"]: r for r in csv.DictReader(out.open())}
+    assert rows["cells"]["mistakes"] == "" and rows["total"]["points"] == "1", rows
+
+
 def test_a_cell_that_never_ends_is_stopped_and_the_rest_still_graded(tmp_path):
     path = notebook(tmp_path / "loops.ipynb", IMPORTS, ATTENTION, "while True:\n    pass")
     out = tmp_path / "grades.csv"
