@@ -140,8 +140,8 @@ def test_grade_script_marks_each_mask_and_writes_one_feedback_file(tmp_path):
     assert rows["1. padding_mask"]["passed"] == "True"
     assert rows["1. padding_mask"]["diagnosis"].startswith("check passed but not credited: ")
     summary = (tmp_path / "grades_summary.txt").read_text()
-    # code checks and predictions are counted apart
-    assert summary.startswith("bob_05.ipynb: 1/4 code checks passed, 1/1 predictions right ")
+    # code checks and predictions are counted apart; the delegated padding_mask is not "passed"
+    assert summary.startswith("bob_05.ipynb: 0/4 code checks passed, 1/1 predictions right ")
     assert "  marks: 0.5/4.5 points" in summary
     feedback = (tmp_path / "grades_feedback" / "bob_05.txt").read_text()
     assert feedback.startswith("Feedback for bob_05.ipynb: 0.5/4.5 points")

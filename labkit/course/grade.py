@@ -141,7 +141,7 @@ def summary_line(path: Path, rows: list[dict]) -> list[str]:
     cells = rows[0]["mistakes"] or "no cell raised"
     score = sum(float(r["points"] or 0) for r in graded)
     total = sum(float(r["max_points"] or 0) for r in graded)
-    ok = sum(r["passed"] is True for r in code)
+    ok = sum(r["passed"] is True and not r["delegated"] for r in code)  # delegated: 0 points
     head = f"{path.name}: {ok}/{len(code)} code checks passed"
     if predictions:
         head += (f", {sum(r['passed'] is True for r in predictions)}/{len(predictions)} "
