@@ -234,6 +234,31 @@ def _half_probe(report: _Report, fn, q, k, v, mask) -> None:
             report.mistake("mask_fill_overflow", "the float16 output holds NaN or inf")
         else:
             report.mistake("mismatch", "in float16 the output differs from the reference")
+        return
+    _half_fully_masked_probe(report, fn, qh[:1, :1], kh[:1, :1], vh[:1, :1])
+
+
+def _half_fully_masked_probe(report: _Report, fn, qh, kh, vh) -> None:
+    """float16 with query 1's keys all masked: -1e9 written as a float16 tensor is -inf, which
+    passes a partial mask but gives this row NaN; the dtype's own minimum gives uniform weights."""
+    mask = torch.zeros(qh.size(-2), kh.size(-2), dtype=torch.bool)  # (L_q, L_k)
+    mask[1] = True
+    text = "in float16 a query whose keys are all masked still gets uniform weights, finite"
+    try:
+        out, _ = _split(fn(qh.clone(), kh.clone(), vh.clone(), mask))
+    except Exception as exc:  # noqa: BLE001 - reported below
+        report.probe(False, f"{text}: raised {type(exc).__name__}")
+        report.mistake("exception", f"{type(exc).__name__}: {exc}")
+        return
+    mean_v = vh.float().mean(-2)  # (1, 1, d_v): the uniform row's output
+    row = out[..., 1, :].float() if isinstance(out, torch.Tensor) else None
+    ok = row is not None and bool(torch.isfinite(row).all()) and torch.allclose(
+        row, mean_v, atol=2e-2, rtol=2e-2)
+    if not report.probe(ok, text) and row is not None and not bool(torch.isfinite(row).all()):
+        report.mistake("mask_fill_half_inf", "in float16 the fully masked query's output is NaN")
+    elif not ok:
+        report.mistake("mismatch", "in float16 the fully masked query's output is not the mean "
+                       "of the values")
 
 
 class _RecordingDropout(nn.Dropout):

@@ -101,6 +101,11 @@ MISTAKES: dict[str, tuple[str, str]] = {
                            "float32's minimum overflows in half precision (defect 8)",
                            "ask the scores' own dtype for its most negative finite number, so the "
                            "fill fits whatever precision the model runs in"),
+    "mask_fill_half_inf": ("in float16 the fill is -inf: a constant such as -1e9 turned into a "
+                           "float16 tensor rounds to -inf, so a query whose keys are all masked "
+                           "gets NaN (defect 8)",
+                           "ask the scores' own dtype for its most negative finite number; a "
+                           "constant typed for float32 does not fit float16"),
     "attn_dropout_unused": ("the dropout module passed to the function is never called",
                             "the module decides by its own train or eval mode whether to drop: "
                             "call the module it was given, on the weights"),

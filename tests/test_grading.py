@@ -130,6 +130,15 @@ def attn_softmax_by_hand(q, k, v, mask=None, dropout=None):
     return torch.einsum("...ij,...jd->...id", w, v), w
 
 
+def attn_where_1e9(q, k, v, mask=None):
+    """-1e9 made a tensor of the scores' dtype: -inf in float16, so only a fully masked
+    float16 row shows it (a cold reader's pass of every other probe)."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        s = torch.where(mask, torch.tensor(NEG, dtype=s.dtype), s)
+    return s.softmax(-1) @ v
+
+
 def make_attn_contract(fill="finfo", drop="weights"):
     def attention(q, k, v, mask=None, dropout=None):
         s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -163,6 +172,7 @@ def test_attention_full_contract_correct_variants_pass(fn):
     (make_attn_contract(fill="inf"), "mask_fill_inf", "NaN"),
     (make_attn_contract(fill="1e9"), "mask_fill_overflow", "defect 8"),
     (make_attn_contract(fill="f32min"), "mask_fill_overflow", "float16"),
+    (attn_where_1e9, "mask_fill_half_inf", "float16"),
     (make_attn_contract(fill="1e4"), "mask_fill_weak", "-1e4"),  # a reader's 7/7 pass
     (attn_sdpa, "mask_row_zeroed", "zero output"),
     (make_attn_contract(drop="output"), "attn_dropout_on_output", "output"),
