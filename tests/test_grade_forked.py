@@ -124,6 +124,23 @@ def test_the_grade_asks_what_the_lab_asks_even_if_the_check_call_is_edited(tmp_p
     assert marks(out)["edited.ipynb"][0] != "1", rows
 
 
+@pytest.mark.parametrize("patch", [
+    "import labkit.report\nlabkit.report._Report.probe = lambda self, ok, text: None",
+    "import labkit.compare\nlabkit.compare._close = lambda *a, **k: True",
+    "import torch\ntorch.allclose = lambda *a, **k: True",
+])
+def test_a_submission_that_patches_the_grader_scores_zero(tmp_path, patch):
+    """A cold reader patched the lab kit's report from a stub cell and got 5.5/5.5 for an
+    unscaled attention; now every automatic mark of that submission is 0, named."""
+    path = notebook(tmp_path / "patched.ipynb", IMPORTS, patch, UNSCALED)
+    out = tmp_path / "grades.csv"
+    grade.main([str(path), "--out", str(out), "--jobs", "1"])
+    rows = {r["check"]: r for r in csv.DictReader(out.open())}
+    row = rows["check_attention(attention)"]
+    assert row["mistakes"] == "grader_patched" and row["points"] in ("0", "0.0"), row
+    assert "replaced part of the grader" in row["diagnosis"], row
+
+
 def test_a_cell_tagged_grade_skip_is_not_run(tmp_path):
     path = notebook(tmp_path / "skip.ipynb", IMPORTS, ATTENTION, "raise SystemExit('a long demo')")
     nb = nbformat.read(path, as_version=4)

@@ -17,6 +17,8 @@ MARK = "@@TX_GRADES@@"
 # two-process torchrun run and its asserts); tagging one only ever costs the learner marks.
 GRADE_SKIP = "grade-skip"
 META_KEY = "tx_exercise"
+SNAPSHOT = ("import labkit.course.integrity as _tx_integrity\n"
+            "_tx_before, _tx_check = _tx_integrity.snapshot(), _tx_integrity.patched")
 COLLECT = """\
 import json as _json
 import labkit as _grading
@@ -57,6 +59,14 @@ for _label in {declared!r}:  # a declared prediction whose cells raised: 0, stil
                                        "raised or did not run)"],
                              mark=dict(exercise=_e, score=0, points={prediction_points!r},
                                        delegated="")))
+_patched = (_tx_integrity.patched(_tx_before) if _tx_integrity.patched is _tx_check
+            else ["labkit.course.integrity.patched"])
+if _patched:  # the submission replaced part of the grader: no automatic mark counts
+    for _r in _records:
+        _r.update(passed=False, mistakes=["grader_patched"], messages=[
+            "Diagnosis: the notebook replaced part of the grader (" + ", ".join(_patched[:5])
+            + "); no automatic mark counts"])
+        _r["mark"].update(score=0)
 print({mark!r} + _json.dumps(_records))
 """
 
@@ -120,6 +130,7 @@ def prepare(path: Path, prediction_points: float):
     for cell in nb.cells:
         if GRADE_SKIP in cell.get("metadata", {}).get("tags", []):
             cell.source = f"pass  # not run by the grade (cell tag {GRADE_SKIP})"
+    nb.cells.insert(0, nbformat.v4.new_code_cell(SNAPSHOT))  # before the learner's first cell
     exercises = exercises_of(nb)
     n_cells = len(nb.cells)
     names = sorted(exercises) if exercises else None
