@@ -284,7 +284,13 @@ def _variant(**change):
                            callback=keep)
         if change.get("no_average"):
             chosen = [n]
-        elif change.get("off_by_one"):  # counted from 0: the checkpoints after steps 1 and 3
+        elif change.get("all_multiples"):  # every multiple of average_every: 2, 4, 6
+            chosen = list(range(every, n + 1, every))
+        elif change.get("first_multiples"):  # the first average_last multiples: 2, 4, 6 too
+            chosen = [every * (i + 1) for i in range(recipe["average_last"])]
+        elif change.get("every_step"):  # the last average_last steps, 1 apart: 5, 6, 7
+            chosen = [n - i for i in range(recipe["average_last"])]
+        elif change.get("off_by_one"):  # counted from 0: the checkpoints after steps 2, 4, 6
             chosen = [n - 1 - every * i for i in range(recipe["average_last"])]
         else:
             chosen = [n - every * i for i in range(recipe["average_last"])]
@@ -301,7 +307,7 @@ def _variant(**change):
 def test_correct_training_call_passes(fn):
     result = labkit.check_g2p_training(fn, verbose=False)
     assert result.passed, result.report
-    assert "mean of the checkpoints after steps 2 and 4" in result.report
+    assert "mean of the checkpoints after steps 3, 5 and 7" in result.report
 
 
 @pytest.mark.parametrize("change, key", [
@@ -315,11 +321,22 @@ def test_correct_training_call_passes(fn):
     ({"no_copy": True}, "g2p_avg_final_weights"),
     ({"no_average": True}, "g2p_avg_final_weights"),
     ({"off_by_one": True}, "g2p_avg_wrong_steps"),
+    ({"all_multiples": True}, "g2p_avg_wrong_steps"),
+    ({"first_multiples": True}, "g2p_avg_wrong_steps"),
+    ({"every_step": True}, "g2p_avg_wrong_steps"),
     ({"train_mode": True}, "g2p_avg_not_eval"),
 ])
 def test_each_training_mistake_is_named(change, key):
     result = labkit.check_g2p_training(_variant(**change), verbose=False)
     assert not result.passed and key in result.mistakes, result.report
+
+
+def test_a_wrong_pick_of_checkpoints_is_named_with_its_steps():
+    """A cold reader's two wrong picks passed the old 4-step recipe, whose checkpoints {2, 4}
+    were also every multiple of 2 and the first two multiples."""
+    result = labkit.check_g2p_training(_variant(first_multiples=True), verbose=False)
+    assert "after steps 2, 4 and 6; the recipe's are 3, 5 and 7" in result.report, result.report
+    assert labkit.mark_result("3", result).score < 1
 
 
 def test_delegating_to_the_reference_average_is_named():
