@@ -110,8 +110,11 @@ def grade_forked(paths: list[Path], timeout: int, prediction_points: float, jobs
     import select
     import time
 
+    import torch
+
     _preload()
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    # the cores shared out, never more threads than this process was given (OMP_NUM_THREADS=1)
+    threads = max(1, min((os.cpu_count() or 1) // jobs, torch.get_num_threads()))
     results: dict[int, object] = {}
     running: dict[int, tuple] = {}  # read end -> (index, pid, deadline, data)
     todo = list(enumerate(paths))
