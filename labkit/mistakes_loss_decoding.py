@@ -178,4 +178,17 @@ LOSS_AND_DECODING: dict[str, tuple[str, str]] = {
                                    "training and take three times the memory",
                                    "a copy is a new Parameter that drifts apart in training: "
                                    "share the object itself"),
+    "generator_sized_by_source_vocab": ("the generator's output size is the source "
+                                        "vocabulary's; the logits score target tokens",
+                                        "the generator maps d_model to tgt_vocab_size: equal "
+                                        "vocabularies hide the difference"),
+    "mask_polarity_inverted": ("a mask forward builds for None is True where a position may be "
+                               "attended (SDPA's convention); tx's masks are True where it is "
+                               "hidden",
+                               "in tx's convention a mask is True where a key is hidden: "
+                               "the padding and the future (notebook 05)"),
+    "tied_although_not_shared": ("the model ties its embeddings and generator although the "
+                                 "config says share_embeddings=False",
+                                 "tie only when the config asks for it; otherwise each module "
+                                 "keeps its own matrix, as the reference model does"),
 }

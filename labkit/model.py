@@ -1,6 +1,7 @@
 """Check: the whole Transformer."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -75,89 +76,125 @@ def check_transformer(cls, *, norm_first: bool = False, share_embeddings: bool =
     (06's ``MyTransformer``) passes.
     ``norm_first=True`` expects a Pre-LN model (the config passed has ``norm_first=True``).
     Submodules under other usual names are found (see :mod:`labkit.weights`).
-    ``share_embeddings=True`` passes a config with one vocabulary (29) and
+    ``share_embeddings=True`` first passes a config with one vocabulary (29) and
     ``share_embeddings=True``, and expects the source embedding, the target embedding and the
-    generator to hold one and the same Parameter (as in ``tx.Transformer``).
+    generator to hold one and the same Parameter (as in ``tx.Transformer``); then it runs the
+    untied config too (vocabularies 23 and 29, ``share_embeddings=False``), where the
+    embeddings and the generator must be separate Parameters: equal vocabularies cannot hide a
+    generator sized by the source vocabulary or a tie that ignores the flag.
     """
-    config = ModelConfig(src_vocab_size=29 if share_embeddings else 23, tgt_vocab_size=29,
-                         d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.1, max_len=64,
-                         pad_idx=1, norm_first=norm_first, share_embeddings=share_embeddings)
+    untied = ModelConfig(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=64,
+                         n_layers=2, dropout=0.1, max_len=64, pad_idx=1, norm_first=norm_first)
+    configs = ([dataclasses.replace(untied, src_vocab_size=29, share_embeddings=True), untied]
+               if share_embeddings else [untied])
 
     def body(report: _Report):
-        flags = "".join(f", {k}=True" for k, v in (("norm_first", norm_first),
-                                                   ("share_embeddings", share_embeddings)) if v)
-        module = _instantiate(report, cls, (config,), f"cls(ModelConfig(src_vocab_size="
-                              f"{config.src_vocab_size}, tgt_vocab_size=29, d_model=32, "
-                              f"n_heads=4, d_ff=64, n_layers=2{flags}))")
-        if share_embeddings:
-            _check_tied(report, module, config)
-        torch.manual_seed(11)
-        gen = torch.Generator().manual_seed(12)
-        ref = Transformer(config).eval()
-        _randomize_norms(ref, gen)
-        src = torch.tensor([[4, 9, 12, 7, 3, 1, 1], [5, 6, 22, 8, 10, 11, 2]])
-        tgt = torch.tensor([[2, 7, 3, 28, 1], [2, 4, 13, 9, 17]])
-        src_mask = padding_mask(src, 1)
-        tgt_mask = decoder_self_mask(tgt, 1)
-        placed = copy_reference(report, module, ref,
-                                warmup=lambda m: m(src, tgt, src_mask, tgt_mask))
-        if "generator.weight" in placed and not report.probe(
-                "generator.bias" in placed, f"the generator has a bias ({config.tgt_vocab_size},),"
-                " like tx.Transformer's"):
-            report.mistake("generator_no_bias")
-
-        def run(s, t, sm, tm, what):
-            return _as_output(report, _call(
-                report, what, module, s.clone(), t.clone(), sm.clone(), tm.clone(),
-                shape_hint=_TF_SHAPES))
-
-        what = "forward(src, tgt, src_mask, tgt_mask) with L_src=7, L_tgt=5"
-        out = run(src, tgt, src_mask, tgt_mask, what)
-        expected = ref(src, tgt, src_mask, tgt_mask)
-        if out.dim() == 3 and out.shape[-1] == config.d_model != config.tgt_vocab_size:
-            report.probe(False, f"logits shape (N, L_tgt, tgt_vocab_size) = "
-                         f"{tuple(expected.shape)} (got {tuple(out.shape)})")
-            report.mistake("no_generator")
-            raise _Failed
-
-        def variant(**kw):
-            return _transformer_variant(ref, src, tgt, src_mask, tgt_mask, **kw)
-
-        _deterministic(report, lambda: module(src, tgt, src_mask, tgt_mask), out)
-        if not _compare(report, f"logits {tuple(expected.shape)} match the reference", out,
-                        expected, _TF_AXES, variant):
-            other = Transformer(dataclasses.replace(config, norm_first=not norm_first)).eval()
-            other.load_state_dict(ref.state_dict())
-            if _close(out, other(src, tgt, src_mask, tgt_mask)):
-                report.found.pop("mismatch", None)
-                report.mistake("post_ln_instead_of_pre_ln" if norm_first
-                               else "pre_ln_instead_of_post_ln")
-            _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask)
-        if report.only_mismatch():
-            model_probe(report, module, ref, src, tgt, src_mask, tgt_mask,
-                        lambda: module(src, tgt, src_mask, tgt_mask))
-        # the decoder must not see the future: change the last target token
-        tgt2 = tgt.clone()
-        tgt2[:, -1] = torch.tensor([20, 21])
-        out2 = run(src, tgt2, src_mask, decoder_self_mask(tgt2, 1),
-                   "forward with the last target token changed")
-        if not report.probe(_close(out[:, :-1], out2[:, :-1]), "changing the last target "
-                            "token leaves the earlier positions' logits unchanged"):
-            if not causality_probe(report, lambda t: module(src, t, src_mask,
-                                                            decoder_self_mask(t, 1)),
-                                   tgt, config.tgt_vocab_size):
-                report.mistake("decoder_sees_future")
-        # masked source positions must not matter
-        src2 = src.clone()
-        src2[0, -2:] = torch.tensor([15, 16])
-        out3 = run(src2, tgt, src_mask, tgt_mask,
-                   "forward with different tokens under the source padding mask")
-        if not report.probe(_close(out, out3), "tokens under src_mask do not change the logits"):
-            report.mistake("source_padding_leaks")
-        if default_masks and _check_default_masks(report, module, ref, src, tgt):
-            _check_pad_from_config(report, cls, module, ref, src, tgt)
+        _check_one_config(report, cls, configs[0], default_masks, share_embeddings)
+        if len(configs) > 1:
+            with _suffixed(report, " [untied run]"):
+                _check_one_config(report, cls, configs[1], default_masks, share_embeddings)
 
     return _run_check("check_transformer", body, verbose, cls)
+
+
+@contextlib.contextmanager
+def _suffixed(report: _Report, suffix: str):
+    """Probes added inside end with ``suffix``, so a second config's lines stay distinct."""
+    probe = report.probe
+    report.probe = lambda ok, text: probe(ok, text + suffix)
+    try:
+        yield
+    finally:
+        del report.probe  # the instance attribute goes: the class's method again
+
+
+def _check_one_config(report: _Report, cls, config: ModelConfig, default_masks: bool,
+                      tied_asked: bool) -> None:
+    """All of :func:`check_transformer`'s probes for one config. ``tied_asked``: the class is
+    checked with ``share_embeddings=True``, so its untied config must not tie anyway."""
+    norm_first, share_embeddings = config.norm_first, config.share_embeddings
+    flags = "".join(f", {k}=True" for k, v in (("norm_first", norm_first),
+                                               ("share_embeddings", share_embeddings)) if v)
+    flags += ", share_embeddings=False" if tied_asked and not share_embeddings else ""
+    module = _instantiate(report, cls, (config,), f"cls(ModelConfig(src_vocab_size="
+                          f"{config.src_vocab_size}, tgt_vocab_size=29, d_model=32, "
+                          f"n_heads=4, d_ff=64, n_layers=2{flags}))")
+    if share_embeddings:
+        _check_tied(report, module, config)
+    elif tied_asked:
+        _check_untied(report, module, config)
+    gen_weight = getattr(getattr(module, "generator", None), "weight", None)
+    if (isinstance(gen_weight, torch.Tensor) and config.src_vocab_size != config.tgt_vocab_size
+            and tuple(gen_weight.shape) == (config.src_vocab_size, config.d_model)):
+        report.probe(False, f"the generator scores the target vocabulary: weight "
+                     f"({config.tgt_vocab_size}, {config.d_model}) (got {tuple(gen_weight.shape)})")
+        report.mistake("generator_sized_by_source_vocab")
+        raise _Failed
+    torch.manual_seed(11)
+    gen = torch.Generator().manual_seed(12)
+    ref = Transformer(config).eval()
+    _randomize_norms(ref, gen)
+    src = torch.tensor([[4, 9, 12, 7, 3, 1, 1], [5, 6, 22, 8, 10, 11, 2]])
+    tgt = torch.tensor([[2, 7, 3, 28, 1], [2, 4, 13, 9, 17]])
+    src_mask = padding_mask(src, 1)
+    tgt_mask = decoder_self_mask(tgt, 1)
+    placed = copy_reference(report, module, ref,
+                            warmup=lambda m: m(src, tgt, src_mask, tgt_mask))
+    if "generator.weight" in placed and not report.probe(
+            "generator.bias" in placed, f"the generator has a bias ({config.tgt_vocab_size},),"
+            " like tx.Transformer's"):
+        report.mistake("generator_no_bias")
+
+    def run(s, t, sm, tm, what):
+        return _as_output(report, _call(
+            report, what, module, s.clone(), t.clone(), sm.clone(), tm.clone(),
+            shape_hint=_TF_SHAPES))
+
+    what = "forward(src, tgt, src_mask, tgt_mask) with L_src=7, L_tgt=5"
+    out = run(src, tgt, src_mask, tgt_mask, what)
+    expected = ref(src, tgt, src_mask, tgt_mask)
+    if out.dim() == 3 and out.shape[-1] == config.d_model != config.tgt_vocab_size:
+        report.probe(False, f"logits shape (N, L_tgt, tgt_vocab_size) = "
+                     f"{tuple(expected.shape)} (got {tuple(out.shape)})")
+        report.mistake("no_generator")
+        raise _Failed
+
+    def variant(**kw):
+        return _transformer_variant(ref, src, tgt, src_mask, tgt_mask, **kw)
+
+    _deterministic(report, lambda: module(src, tgt, src_mask, tgt_mask), out)
+    if not _compare(report, f"logits {tuple(expected.shape)} match the reference", out,
+                    expected, _TF_AXES, variant):
+        other = Transformer(dataclasses.replace(config, norm_first=not norm_first)).eval()
+        other.load_state_dict(ref.state_dict())
+        if _close(out, other(src, tgt, src_mask, tgt_mask)):
+            report.found.pop("mismatch", None)
+            report.mistake("post_ln_instead_of_pre_ln" if norm_first
+                           else "pre_ln_instead_of_post_ln")
+        _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask)
+    if report.only_mismatch():
+        model_probe(report, module, ref, src, tgt, src_mask, tgt_mask,
+                    lambda: module(src, tgt, src_mask, tgt_mask))
+    # the decoder must not see the future: change the last target token
+    tgt2 = tgt.clone()
+    tgt2[:, -1] = torch.tensor([20, 21])
+    out2 = run(src, tgt2, src_mask, decoder_self_mask(tgt2, 1),
+               "forward with the last target token changed")
+    if not report.probe(_close(out[:, :-1], out2[:, :-1]), "changing the last target "
+                        "token leaves the earlier positions' logits unchanged"):
+        if not causality_probe(report, lambda t: module(src, t, src_mask,
+                                                        decoder_self_mask(t, 1)),
+                               tgt, config.tgt_vocab_size):
+            report.mistake("decoder_sees_future")
+    # masked source positions must not matter
+    src2 = src.clone()
+    src2[0, -2:] = torch.tensor([15, 16])
+    out3 = run(src2, tgt, src_mask, tgt_mask,
+               "forward with different tokens under the source padding mask")
+    if not report.probe(_close(out, out3), "tokens under src_mask do not change the logits"):
+        report.mistake("source_padding_leaks")
+    if default_masks and _check_default_masks(report, module, ref, src, tgt):
+        _check_pad_from_config(report, cls, module, ref, src, tgt)
 
 
 def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) -> bool:
@@ -175,22 +212,26 @@ def _check_default_masks(report: _Report, module, ref: Transformer, src, tgt) ->
                  (None, True, ("source_padding_leaks", "with src_mask left as None, forward "
                                "does not build the source padding mask")),
                  (src_mask, False, ("memory_mask_not_passed", "the source mask forward builds "
-                                    "for None reaches the encoder but not cross-attention"))]
+                                    "for None reaches the encoder but not cross-attention")),
+                 (~src_mask, True, ("mask_polarity_inverted", "source"))]
     tgt_cases = [(tgt_mask, None),
                  (None, ("decoder_sees_future", "with tgt_mask left as None, forward does not "
                          "build the target mask")),
                  (padding_mask(tgt, pad), ("decoder_mask_no_lookahead", "in the mask forward "
                                            "builds for tgt_mask=None")),
                  (lookahead_mask(tgt.size(1)), ("decoder_mask_no_padding", "in the mask "
-                                                "forward builds for tgt_mask=None"))]
+                                                "forward builds for tgt_mask=None")),
+                 (~tgt_mask, ("mask_polarity_inverted", "target"))]
     with torch.no_grad():
         for (sm, memory_mask, src_wrong), (tm, tgt_wrong) in itertools.product(src_cases,
                                                                                tgt_cases):
             wrong = [w for w in (src_wrong, tgt_wrong) if w is not None]
             if wrong and _close(out, _transformer_variant(ref, src, tgt, sm, tm,
                                                           memory_mask=memory_mask)):
+                sides = " and ".join(d for k, d in wrong if k == "mask_polarity_inverted")
                 for key, detail in wrong:
-                    report.mistake(key, detail)
+                    report.mistake(key, f"the default {sides} mask" if sides and key ==
+                                   "mask_polarity_inverted" else detail)
                 return
     report.mistake("mismatch", "forward(src, tgt) with both masks left as None")
     return False
@@ -245,6 +286,20 @@ def _check_tied(report: _Report, module, config) -> None:
                        "the shared matrix")
     else:
         report.mistake("embeddings_not_tied", f"{len(distinct)} separate matrices")
+
+
+def _check_untied(report: _Report, module, config) -> None:
+    """With ``share_embeddings=False`` nothing is tied: every (tgt_vocab, d_model) Parameter
+    use (the decoder embedding, the generator) is a Parameter of its own."""
+    shape = (config.tgt_vocab_size, config.d_model)
+    weights = [p for _, p in module.named_parameters(remove_duplicate=False)
+               if tuple(p.shape) == shape]
+    distinct = {id(w) for w in weights}
+    if not report.probe(len(distinct) == len(weights), f"with share_embeddings=False the "
+                        f"decoder embedding and the generator are separate Parameters {shape} "
+                        f"({len(weights)} uses, {len(distinct)} distinct)"):
+        report.mistake("tied_although_not_shared")
+        raise _Failed  # the reference is untied: its weights cannot be copied into one matrix
 
 
 def _localize_transformer(report, module, ref, src, tgt, src_mask, tgt_mask) -> None:

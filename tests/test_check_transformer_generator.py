@@ -78,3 +78,43 @@ def test_two_way_tie_names_the_missing_use():
 
     result = g.check_transformer(two_way, share_embeddings=True, verbose=False)
     assert result.mistakes == ["embeddings_not_tied"], result.report
+
+
+def _keep_masks(pad, src, tgt):
+    """Default masks built True = keep (SDPA's convention), the inverse of tx's."""
+    keep = torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).tril()
+    return (src != pad)[:, None, :], (tgt != pad)[:, None, :] & keep
+
+
+class Variant(Learner):
+    """Learner with one of 07's real mistakes: ``how`` names it."""
+
+    def __init__(self, config, how):
+        super().__init__(config, "custom")
+        self.how = how
+        c = config
+        if how == "source_vocab":  # the generator sized by the wrong vocabulary
+            self.generator = Projection(c.d_model, c.src_vocab_size)
+            if c.share_embeddings:
+                self.encoder.embedding.weight = self.generator.weight
+                self.decoder.embedding.weight = self.generator.weight
+        if how == "always_tie":  # two-way tie whatever the flag says
+            self.decoder.embedding.weight = self.generator.weight
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        if self.how == "keep_masks" and src_mask is None and tgt_mask is None:
+            src_mask, tgt_mask = _keep_masks(self.config.pad_idx, src, tgt)
+        return super().forward(src, tgt, src_mask, tgt_mask)
+
+
+def test_tied_check_runs_the_untied_config_too():
+    """Equal vocabularies in the tied config cannot hide a size or a tie that ignores the flag."""
+    for how, key in (("source_vocab", "generator_sized_by_source_vocab"),
+                     ("always_tie", "tied_although_not_shared"),
+                     ("keep_masks", "mask_polarity_inverted")):
+        result = g.check_transformer(lambda c, how=how: Variant(c, how), share_embeddings=True,
+                                     default_masks=True, verbose=False)
+        assert not result.passed and result.mistakes == [key], (how, result.report)
+    right = g.check_transformer(Learner, share_embeddings=True, default_masks=True,
+                                verbose=False)
+    assert right.passed and "[untied run]" in right.report, right.report
