@@ -98,6 +98,10 @@ BLOCKS: dict[str, tuple[str, str]] = {
                          "start says",
                          "a sequence that continues from position start holds positions start "
                          "onwards: its rows of the table begin there"),
+    "pe_input_modified": ("forward adds the table into the caller's x in place (x += ...), "
+                          "so the embeddings passed in are overwritten",
+                          "a module's forward hands back a new tensor: the caller (and "
+                          "autograd) may still need the x it passed in"),
     "pe_dropout_unused": ("in train mode the positional encoding's own dropout module is "
                           "never called: no dropout, or F.dropout in its place",
                           "the contract regularises the sum in training mode: the module's own "

@@ -16,7 +16,13 @@ from .compare import (
     _deterministic,
     _instantiate,
 )
-from .positional_probes import _loop_probe, _precision_probes, _start_probes, _train_mode_probe
+from .positional_probes import (
+    _input_kept_probe,
+    _loop_probe,
+    _precision_probes,
+    _start_probes,
+    _train_mode_probe,
+)
 from .report import CheckResult, _call, _Failed, _Report, _run_check
 
 
@@ -324,7 +330,7 @@ def check_positional_encoding(fn_or_cls, *, odd_d_model: bool = False,
                         expected, axes, variant_forward, lambda t: t[:, :4]):
             if "mismatch" in report.found:
                 _localize_forward(report, module, x, out, d_model)
-        else:
+        elif _input_kept_probe(report, module, x):
             if forward_start:
                 _start_probes(report, module, x, ref, max_len)
             if train_mode and not report.found and all(ok for ok, _ in report.probes):

@@ -1,7 +1,8 @@
 """Probes of check_positional_encoding beyond the table's values: a ``forward(x, start)``
 that offsets into the table and refuses a sequence past ``max_len`` (notebook 02's second
 exercise), dropout in train mode (the same exercise: once, on x + pe), and a table computed in
-float64 (a 512 x 128 table in float32 and float64), and a table built without Python loops."""
+float64 (a 512 x 128 table in float32 and float64), a table built without Python loops, and a
+forward that leaves the caller's x unchanged."""
 from __future__ import annotations
 
 import ast
@@ -69,6 +70,20 @@ def _start_probes(report: _Report, module, x, ref, max_len: int) -> None:
         return
     report.probe(False, f"{what} (it returned without an error)")
     report.mistake("pe_no_length_check", "it returned an output for positions the table lacks")
+
+
+def _input_kept_probe(report: _Report, module, x) -> bool:
+    """forward must leave the caller's x as it was: `x += pe` rewrites the embeddings in place."""
+    given = x.clone()
+    try:
+        module(given)
+    except Exception:  # noqa: BLE001 - forward(x) already worked on a copy; nothing to add
+        return True
+    if report.probe(torch.equal(given, x), "forward(x) leaves the caller's x unchanged"):
+        return True
+    report.mistake("pe_input_modified", "after forward(x), x itself holds x + pe (x += ... or "
+                   "x.add_(...)): return x + rows instead")
+    return False
 
 
 def _table_float64(max_len: int, d_model: int) -> torch.Tensor:

@@ -718,6 +718,21 @@ def test_pe_forward_start_on_request():
                       "pe_no_length_check", "broadcasting")
 
 
+class PEAddsInPlace(PEStartByIndex):
+    """x += pe: the right output, but the caller's embeddings are overwritten."""
+
+    def forward(self, x, start=0):
+        if start + x.size(1) > self.pe.size(0):
+            raise ValueError(f"L={x.size(1)}, start={start}, max_len={self.pe.size(0)}")
+        x += self.pe[start:start + x.size(1)]
+        return self.drop(x)
+
+
+def test_pe_forward_in_place_is_named():
+    report = quiet(g.check_positional_encoding, PEAddsInPlace, forward_start=True)
+    assert_fails_with(report, "pe_input_modified", "in place")
+
+
 class PEDropoutFunctional(PEStartByIndex):
     """F.dropout on the sum with the module's p: the contract's self.dropout is never called."""
 
